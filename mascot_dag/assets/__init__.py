@@ -1,0 +1,1 @@
+"""Software-defined assets, one module per lineage stage. Thin: the logic lives in mascot_dag.lib."""

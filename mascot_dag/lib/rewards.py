@@ -1,0 +1,167 @@
+"""Reward functions for GRPO, in TRL's form (`trl/rewards/format_rewards.py`).
+
+A reward is a callable `(completions, **kwargs) -> list[float | None]`; TRL passes `prompts` and any
+dataset columns as keyword arguments. With conversational prompts, each completion arrives as a
+list of message dicts (`[{"role": "assistant", "content": "..."}]`); plain strings work too.
+Parameterised rewards are factories returning a picklable callable object whose stable `__name__`
+becomes the logged metric name (`rewards/<name>/mean`). `None` means "not applicable here" (TRL
+turns it into NaN and leaves it out of the sum).
+
+Composite reward of Stage 1: `reward_model_reward(scorer)` plus `format_reward(...)`, either passed
+as two functions with `reward_weights` (TRL logs each one) or folded into one with `combined(...)`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from typing import Any
+
+RewardFunc = Callable[..., list[float | None]]
+
+# Phrases by which a persona breaks character into the generic assistant voice.
+ROLE_BREAKS = ("as an ai", "language model", "i am an ai", "i'm an ai", "as a chatbot")
+# Turn markers that mean the agent is writing someone else's lines (beyond other agents' names).
+GENERIC_SPEAKERS = ("user", "assistant", "system")
+
+
+def completion_text(completion: Any) -> str:
+    """The text of one completion: a str, or the content of a list of message dicts.
+
+    >>> completion_text([{"role": "assistant", "content": "Hi"}])
+    'Hi'
+    """
+    if isinstance(completion, str):
+        return completion
+    if isinstance(completion, dict):
+        return str(completion.get("content", ""))
+    if isinstance(completion, list | tuple):
+        return "".join(completion_text(m) for m in completion)
+    raise TypeError(
+        f"completion must be a str or a list of message dicts, got {type(completion)!r}"
+    )
+
+
+class FormatReward:
+    """Shape of a reply, in [0, 1]: 0.4 length + 0.3 no role break + 0.3 no speaking for others.
+
+    - length: 0.4 inside [min_chars, max_chars]; below, 0.4 * chars / min_chars; above,
+      0.4 * max_chars / chars (partial credit, so longer-but-close beats far off);
+    - role break: 0.3 unless the text says "As an AI", "language model", ...;
+    - speaking for others: 0.3 unless a line starts with another agent's name (or User/Assistant/
+      System) followed by ":", i.e. the agent writes someone else's turn.
+    An empty reply scores 0.0.
+    """
+
+    __name__ = "format_reward"
+
+    def __init__(self, min_chars: int, max_chars: int, other_names: Sequence[str]) -> None:
+        if not 0 < min_chars <= max_chars:
+            raise ValueError(
+                f"format_reward needs 0 < min_chars <= max_chars, got {min_chars}, {max_chars}"
+            )
+        self.min_chars = min_chars
+        self.max_chars = max_chars
+        self.other_names = tuple(other_names)
+        names = [re.escape(n.strip()) for n in (*self.other_names, *GENERIC_SPEAKERS) if n.strip()]
+        self._prefix = re.compile(rf"^\s*(?:{'|'.join(names)})\s*:", re.IGNORECASE | re.MULTILINE)
+
+    def score_text(self, text: str) -> float:
+        text = text.strip()
+        n = len(text)
+        if n == 0:
+            return 0.0
+        if n < self.min_chars:
+            length = 0.4 * n / self.min_chars
+        elif n > self.max_chars:
+            length = 0.4 * self.max_chars / n
+        else:
+            length = 0.4
+        lowered = text.lower()
+        in_role = 0.0 if any(p in lowered for p in ROLE_BREAKS) else 0.3
+        own_voice = 0.0 if self._prefix.search(text) else 0.3
+        return round(length + in_role + own_voice, 6)
+
+    def __call__(self, completions: Sequence[Any], **kwargs: Any) -> list[float | None]:
+        return [self.score_text(completion_text(c)) for c in completions]
+
+
+def format_reward(
+    min_chars: int = 20, max_chars: int = 400, other_names: Sequence[str] = ()
+) -> FormatReward:
+    """Reward replies of sensible length that stay in role and speak only for themselves.
+
+    >>> reward = format_reward(other_names=["The Catalyst"])
+    >>> reward([[{"role": "assistant", "content": "That sounds really hard. I'm here with you."}],
+    ...         [{"role": "assistant", "content": "The Catalyst: As an AI, I can't."}]])
+    [1.0, 0.4]
+    """
+    return FormatReward(min_chars, max_chars, other_names)
+
+
+class RewardModelReward:
+    """`weight * score` of a trained reward model (a `RewardScorer`) per prompt + completion."""
+
+    __name__ = "reward_model"
+
+    def __init__(self, scorer: Any, weight: float = 1.0) -> None:
+        self.scorer = scorer
+        self.weight = weight
+
+    def __call__(
+        self, completions: Sequence[Any], prompts: Sequence[Any] | None = None, **kwargs: Any
+    ) -> list[float | None]:
+        if prompts is None:
+            raise ValueError(
+                "reward_model_reward needs the prompts (TRL passes them as prompts=...)"
+            )
+        prompt_msgs = [
+            p if isinstance(p, list) else [{"role": "user", "content": str(p)}] for p in prompts
+        ]
+        scores = self.scorer.score(prompt_msgs, list(completions))
+        return [self.weight * s for s in scores]
+
+
+def reward_model_reward(scorer: Any, weight: float = 1.0) -> RewardModelReward:
+    """Reward-model score of each completion given its prompt.
+
+    >>> reward = reward_model_reward(RewardScorer(base, "rm/adapter"))  # doctest: +SKIP
+    >>> reward(completions=[[{"role": "assistant", "content": "I hear you."}]],
+    ...        prompts=[[{"role": "user", "content": "I failed my exam."}]])  # doctest: +SKIP
+    [0.83]
+    """
+    return RewardModelReward(scorer, weight)
+
+
+class CombinedReward:
+    """Weighted sum of several rewards; a None component is left out, all None gives None."""
+
+    def __init__(self, funcs: Sequence[RewardFunc], weights: Sequence[float], name: str) -> None:
+        if len(funcs) != len(weights) or not funcs:
+            raise ValueError(
+                f"combined() needs one weight per reward function, got {len(funcs)} functions "
+                f"and {len(weights)} weights"
+            )
+        self.funcs = list(funcs)
+        self.weights = [float(w) for w in weights]
+        self.__name__ = name
+
+    def __call__(self, completions: Sequence[Any], **kwargs: Any) -> list[float | None]:
+        columns = [f(completions=completions, **kwargs) for f in self.funcs]
+        out: list[float | None] = []
+        for row in zip(*columns, strict=True):
+            parts = [w * v for w, v in zip(self.weights, row, strict=True) if v is not None]
+            out.append(sum(parts) if parts else None)
+        return out
+
+
+def combined(
+    funcs: Sequence[RewardFunc], weights: Sequence[float] | None = None, name: str = "combined"
+) -> CombinedReward:
+    """Fold several rewards into one (default weights 1.0 each).
+
+    >>> r = combined([format_reward(), format_reward()], [0.5, 0.5])
+    >>> r(["I'm right here with you, let's take this one step at a time."])
+    [1.0]
+    """
+    return CombinedReward(funcs, weights if weights is not None else [1.0] * len(funcs), name)

@@ -1,0 +1,177 @@
+"""Small statistics for evaluation reports: bootstrap CIs, Wilson win-rate CIs, rank agreement.
+
+Everything takes plain sequences or the DataFrames of the DuckDB tables and tolerates missing
+values (NaN/None are dropped before computing); an undefined statistic is NaN or None, never an
+exception, because a report must still render when a method or judge has no data.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Iterable, Sequence
+from itertools import combinations
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+# Two-sided 95% normal quantile used by the Wilson interval.
+Z95 = 1.959963984540054
+
+
+def _clean(values: Iterable[Any]) -> np.ndarray:
+    arr = np.asarray([v for v in values if v is not None], dtype=float)
+    return arr[~np.isnan(arr)]
+
+
+def mean_std(values: Iterable[float | None]) -> tuple[float, float]:
+    """(mean, sample std with ddof=1); std is 0.0 for one value; (nan, nan) for none."""
+    arr = _clean(values)
+    if arr.size == 0:
+        return math.nan, math.nan
+    return float(arr.mean()), float(arr.std(ddof=1)) if arr.size > 1 else 0.0
+
+
+def bootstrap_ci(
+    values: Iterable[float | None],
+    stat: Callable[[np.ndarray], float] = np.mean,
+    n: int = 1000,
+    alpha: float = 0.05,
+    seed: int = 0,
+) -> tuple[float, float]:
+    """Percentile bootstrap CI of `stat` (n resamples with replacement, fixed seed).
+
+    One value gives (v, v); no values give (nan, nan).
+    """
+    if not 0 < alpha < 1:
+        raise ValueError(f"alpha must be in (0, 1), got {alpha}")
+    arr = _clean(values)
+    if arr.size == 0:
+        return math.nan, math.nan
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, arr.size, size=(n, arr.size))
+    try:  # numpy reductions take axis=: one vectorised call instead of n Python calls
+        stats = np.asarray(stat(arr[idx], axis=1), dtype=float)
+    except TypeError:
+        stats = np.array([stat(arr[row]) for row in idx], dtype=float)
+    lo, hi = np.quantile(stats, [alpha / 2, 1 - alpha / 2])
+    return float(lo), float(hi)
+
+
+def wilson_ci(successes: int, trials: int, z: float = Z95) -> tuple[float, float]:
+    """Wilson score interval of a binomial proportion (Wilson 1927); (nan, nan) for 0 trials.
+
+    >>> tuple(round(x, 3) for x in wilson_ci(5, 10))
+    (0.237, 0.763)
+    """
+    if trials == 0:
+        return math.nan, math.nan
+    p = successes / trials
+    denom = 1 + z * z / trials
+    centre = (p + z * z / (2 * trials)) / denom
+    half = z * math.sqrt(p * (1 - p) / trials + z * z / (4 * trials * trials)) / denom
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def _records(records: Iterable[Sequence[Any]] | pd.DataFrame) -> list[tuple[str, list[str], Any]]:
+    if isinstance(records, pd.DataFrame):
+        records = records[["comparison_id", "shown_order", "winner"]].itertuples(index=False)
+    out = []
+    for cid, shown, winner in records:
+        shown = json.loads(shown) if isinstance(shown, str) else list(shown)
+        if winner is not None and not (isinstance(winner, float) and math.isnan(winner)):
+            if winner not in shown:
+                raise ValueError(f"comparison {cid}: winner {winner!r} is not among {shown}")
+        else:
+            winner = None
+        out.append((str(cid), [str(m) for m in shown], winner))
+    return out
+
+
+def win_rates(records: Iterable[Sequence[Any]] | pd.DataFrame) -> pd.DataFrame:
+    """Per-method win rate over n-way comparisons, with a Wilson 95% CI.
+
+    records: (comparison_id, methods shown, winner or None) tuples, or the `comparisons` table
+    (shown_order may be its JSON text). A comparison whose judge failed (winner None) counts in
+    `failed`, not in `appearances`: it tells nothing about who is better. `chance` is the win rate
+    of a method picked at random (1/3 in a three-way comparison), averaged over its appearances.
+    """
+    rows: dict[str, dict[str, float]] = {}
+    seen: set[str] = set()
+    for cid, shown, winner in _records(records):
+        if cid in seen:
+            raise ValueError(f"comparison {cid} appears twice; comparison ids must be unique")
+        seen.add(cid)
+        for m in shown:
+            r = rows.setdefault(m, {"wins": 0, "appearances": 0, "failed": 0, "chance_sum": 0.0})
+            if winner is None:
+                r["failed"] += 1
+                continue
+            r["appearances"] += 1
+            r["chance_sum"] += 1 / len(shown)
+            r["wins"] += int(m == winner)
+    table = []
+    for m, r in rows.items():
+        lo, hi = wilson_ci(int(r["wins"]), int(r["appearances"]))
+        n = r["appearances"]
+        table.append(
+            {
+                "method": m,
+                "wins": int(r["wins"]),
+                "appearances": int(n),
+                "failed": int(r["failed"]),
+                "win_rate": r["wins"] / n if n else math.nan,
+                "ci_lo": lo,
+                "ci_hi": hi,
+                "chance": r["chance_sum"] / n if n else math.nan,
+            }
+        )
+    cols = ["method", "wins", "appearances", "failed", "win_rate", "ci_lo", "ci_hi", "chance"]
+    df = pd.DataFrame(table, columns=cols)
+    return df.sort_values(["win_rate", "method"], ascending=[False, True], na_position="last")
+
+
+def spearman(a: Sequence[float | None], b: Sequence[float | None]) -> float | None:
+    """Spearman rank correlation over the pairs where both values exist.
+
+    None with fewer than 3 such pairs or when either side is constant (the rank correlation is
+    undefined there, and a 2-point correlation is always +-1).
+    """
+    from scipy.stats import spearmanr
+
+    if len(a) != len(b):
+        raise ValueError(f"spearman needs equal lengths, got {len(a)} and {len(b)}")
+    x = np.array([np.nan if v is None else v for v in a], dtype=float)
+    y = np.array([np.nan if v is None else v for v in b], dtype=float)
+    keep = ~(np.isnan(x) | np.isnan(y))
+    x, y = x[keep], y[keep]
+    if x.size < 3 or np.ptp(x) == 0 or np.ptp(y) == 0:
+        return None
+    return float(spearmanr(x, y).statistic)
+
+
+ITEM_KEYS = ["method", "dialogue_id", "level", "criterion"]
+
+
+def judge_agreement(eval_scores: pd.DataFrame) -> pd.DataFrame:
+    """Pairwise Spearman correlation between judges over the items both scored.
+
+    An item is one (method, dialogue_id, level, criterion); automatic metrics (judge 'metric',
+    level 'automatic') are excluded. One row per judge pair and criterion, plus one row with
+    criterion 'all' pooling every shared item. spearman is None where undefined (see `spearman`).
+    """
+    cols = ["judge_a", "judge_b", "criterion", "n_items", "spearman"]
+    df = eval_scores[(eval_scores["judge"] != "metric") & (eval_scores["level"] != "automatic")]
+    df = df.dropna(subset=["value"])
+    judges = sorted(df["judge"].unique())
+    rows = []
+    for ja, jb in combinations(judges, 2):
+        a = df[df["judge"] == ja][ITEM_KEYS + ["value"]]
+        b = df[df["judge"] == jb][ITEM_KEYS + ["value"]]
+        both = a.merge(b, on=ITEM_KEYS, suffixes=("_a", "_b"))
+        groups = [("all", both)] + sorted(both.groupby("criterion"), key=lambda g: g[0])
+        for crit, g in groups:
+            rho = spearman(g["value_a"].tolist(), g["value_b"].tolist())
+            rows.append([ja, jb, crit, len(g), rho])
+    return pd.DataFrame(rows, columns=cols)

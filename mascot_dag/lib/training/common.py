@@ -1,0 +1,109 @@
+"""What every training wrapper shares: TRL config arguments, checkpoints, curves, counts.
+
+Imports nothing heavy at module level.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+from mascot_dag.lib.training.config import _TrainSettings
+
+Curve = list[tuple[int, float]]
+
+
+def trainer_kwargs(settings: _TrainSettings, checkpoint_dir: Path) -> dict[str, Any]:
+    """Keyword arguments common to RewardConfig, GRPOConfig and SFTConfig."""
+    return {
+        "output_dir": str(checkpoint_dir),
+        "max_steps": settings.max_steps,
+        "per_device_train_batch_size": settings.batch_size,
+        "gradient_accumulation_steps": 1,
+        "learning_rate": settings.learning_rate,
+        "seed": settings.seed,
+        "data_seed": settings.seed,
+        "use_cpu": settings.use_cpu,
+        "bf16": settings.bf16,
+        "gradient_checkpointing": settings.gradient_checkpointing,
+        # MLflow logging happens in the assets (lib.tracking), from the curves we return.
+        "report_to": "none",
+        "logging_steps": 1,
+        "save_strategy": "steps",
+        "save_steps": settings.save_steps,
+        # Optimizer + scheduler + RNG states make a checkpoint resumable; keep two in case the
+        # newest one was being written when the process died.
+        "save_total_limit": 2,
+        "disable_tqdm": True,
+        "dataloader_num_workers": 0,
+    }
+
+
+def prepare_checkpoints(output_dir: Path, resume: bool) -> tuple[Path, str | None]:
+    """(checkpoint_dir, last checkpoint to resume from or None); a fresh run clears old ones."""
+    from transformers.trainer_utils import get_last_checkpoint
+
+    ckpt_dir = Path(output_dir) / "checkpoints"
+    if not resume and ckpt_dir.exists():
+        # A fresh run must not leave stale checkpoints that a later resume would pick up.
+        shutil.rmtree(ckpt_dir)
+    ckpt_dir.mkdir(parents=True, exist_ok=True)
+    last = get_last_checkpoint(str(ckpt_dir)) if resume else None
+    return ckpt_dir, last
+
+
+def curve(log_history: list[dict], key: str) -> Curve:
+    """(step, value) points of one logged metric, in step order; NaN/None values are skipped."""
+    points = []
+    for entry in log_history:
+        value = entry.get(key)
+        if isinstance(value, int | float) and value == value and "step" in entry:
+            points.append((int(entry["step"]), float(value)))
+    return points
+
+
+def reward_curves(log_history: list[dict]) -> dict[str, Curve]:
+    """Per-reward-function mean curves that GRPO logs as `rewards/<name>/mean`."""
+    names = {
+        k.split("/")[1]
+        for entry in log_history
+        for k in entry
+        if k.startswith("rewards/") and k.endswith("/mean")
+    }
+    return {name: curve(log_history, f"rewards/{name}/mean") for name in sorted(names)}
+
+
+def trainable_percent(model: Any) -> float:
+    """Share of parameters that receive gradients, in percent (LoRA r=8 q,v on SmolLM2: ~0.34%)."""
+    total = trainable = 0
+    for p in model.parameters():
+        total += p.numel()
+        if p.requires_grad:
+            trainable += p.numel()
+    return 100.0 * trainable / total if total else 0.0
+
+
+def save_adapter(trainer: Any, tokenizer: Any, output_dir: Path) -> Path:
+    """Write the LoRA adapter (plus any modules_to_save) and the tokenizer to output_dir/adapter."""
+    adapter_dir = Path(output_dir) / "adapter"
+    tmp = adapter_dir.with_name(".adapter.tmp")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    trainer.model.save_pretrained(str(tmp))
+    tokenizer.save_pretrained(str(tmp))
+    # Replace atomically-ish: a reader never sees a half-written adapter folder.
+    if adapter_dir.exists():
+        shutil.rmtree(adapter_dir)
+    tmp.rename(adapter_dir)
+    return adapter_dir
+
+
+def load_tokenizer(base_model: str) -> Any:
+    """The base model's tokenizer with a pad token (SmolLM2 and Llama-style models ship none)."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(base_model)
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    return tok

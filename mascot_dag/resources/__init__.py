@@ -1,0 +1,1 @@
+"""Dagster resources: configuration-only wrappers around mascot_dag.lib."""

@@ -1,0 +1,134 @@
+"""Chat model resources: one abstract resource, several backends; the deployment picks one.
+
+Assets ask for a `ChatModelResource` and call `generate(requests)`; the profile decides whether it
+is the local transformers model (CPU default), an OpenAI-compatible server, or vLLM on a GPU. The
+client is built lazily on the first `generate`/`backend()` call, so loading the Definitions (or a
+run that never generates) never loads a model.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import dagster as dg
+from pydantic import Field, PrivateAttr
+
+from mascot_dag.lib.models import EMBEDDED_MODEL
+from mascot_dag.lib.types import ChatRequest, ChatResult
+
+
+class ChatModelResource(dg.ConfigurableResource):
+    """Base class: subclasses implement `_build()`; assets call `generate(requests)`."""
+
+    _client: Any = PrivateAttr(default=None)
+    _build_lock: Any = PrivateAttr(default_factory=threading.Lock)
+
+    def _build(self) -> Any:
+        raise NotImplementedError(f"{type(self).__name__} must implement _build()")
+
+    def backend(self) -> Any:
+        """The library backend (built once); use it to add adapters at run time."""
+        with self._build_lock:
+            if self._client is None:
+                self._client = self._build()
+            return self._client
+
+    def generate(self, requests: list[ChatRequest]) -> list[ChatResult]:
+        return self.backend().generate(requests)
+
+    @property
+    def model_name(self) -> str:
+        """The name that identifies generated texts (cache keys, lineage rows)."""
+        return str(self.model)  # every subclass has a `model` field
+
+
+def _models_dir(configured: str) -> str:
+    from mascot_dag.lib.home import Home
+
+    return configured or str(Home.from_env().models)
+
+
+class TransformersChatResource(ChatModelResource):
+    """A local Hugging Face model (float32 on CPU, bfloat16 on CUDA), batched, with adapters."""
+
+    model: str = Field(
+        default=EMBEDDED_MODEL,
+        description="Embedded model name, Hugging Face id, or local model folder.",
+    )
+    models_dir: str = Field(
+        default="",
+        description="Where converted base models live; empty = the home's models folder.",
+    )
+    batch_size: int = Field(default=8, description="Sequences generated together (left padding).")
+    adapters: dict[str, str] = Field(
+        default={}, description="Adapter name -> PEFT adapter folder, loaded at start."
+    )
+    threads: int | None = Field(
+        default=None, description="torch CPU threads; None = torch's default."
+    )
+
+    def _build(self) -> Any:
+        from mascot_dag.lib.llm.transformers_backend import TransformersChat
+
+        return TransformersChat(
+            self.model,
+            _models_dir(self.models_dir),
+            adapters=dict(self.adapters),
+            batch_size=self.batch_size,
+            threads=self.threads,
+        )
+
+
+class OpenAIChatResource(ChatModelResource):
+    """Any OpenAI-compatible server (`mascot serve`, vLLM's server, a hosted API)."""
+
+    base_url: str = Field(description="API root including /v1, e.g. http://127.0.0.1:8000/v1.")
+    model: str = Field(description="Model name sent in each request.")
+    api_key: str | None = Field(
+        default=None,
+        description="Bearer token; pass dg.EnvVar('...') in profiles, never a literal.",
+    )
+    timeout_s: float = Field(default=60.0, description="Per-request timeout in seconds.")
+    max_retries: int = Field(default=4, description="Retries on 429/5xx and connection errors.")
+    adapter_as_model: bool = Field(
+        default=False,
+        description="Send a request's adapter as the model field (vLLM's LoRA convention).",
+    )
+
+    def _build(self) -> Any:
+        from mascot_dag.lib.llm.http_backend import OpenAIChat
+
+        return OpenAIChat(
+            self.base_url,
+            self.model,
+            api_key=self.api_key,
+            timeout_s=self.timeout_s,
+            max_retries=self.max_retries,
+            adapter_as_model=self.adapter_as_model,
+        )
+
+
+class VLLMChatResource(ChatModelResource):
+    """vLLM's offline engine with multi-LoRA (CUDA machines, `pip install 'mascot-dag[gpu]'`)."""
+
+    model: str = Field(default=EMBEDDED_MODEL, description="Embedded name, hub id or folder.")
+    models_dir: str = Field(default="", description="Converted models folder; empty = home's.")
+    adapters: dict[str, str] = Field(default={}, description="Adapter name -> PEFT folder.")
+    gpu_memory_utilization: float = Field(
+        default=0.85, description="Share of GPU memory vLLM may take (weights + KV cache)."
+    )
+    max_lora_rank: int = Field(default=16, description="Largest LoRA rank any adapter uses.")
+    max_model_len: int = Field(default=4096, description="Context length vLLM reserves for.")
+
+    def _build(self) -> Any:
+        from mascot_dag.lib.llm.vllm_backend import VLLMChat
+
+        return VLLMChat(
+            self.model,
+            adapters=dict(self.adapters),
+            gpu_memory_utilization=self.gpu_memory_utilization,
+            max_lora_rank=self.max_lora_rank,
+            models_dir=_models_dir(self.models_dir),
+            max_model_len=self.max_model_len,
+        )

@@ -1,0 +1,36 @@
+"""The DuckDB store resource: one file under MASCOT_HOME holding every dataset of the lineage."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import dagster as dg
+import pandas as pd
+from pydantic import Field
+
+from mascot_dag.lib import db
+from mascot_dag.lib.home import Home
+
+
+class DuckDBStore(dg.ConfigurableResource):
+    """Every asset writes its table through `replace`: one transaction per asset or partition."""
+
+    path: str = Field(
+        default="",
+        description="DuckDB file; empty means MASCOT_HOME/mascot.duckdb (MASCOT_HOME defaults to ./.mascot).",
+    )
+
+    @property
+    def db_path(self) -> str:
+        return self.path or str(Home.from_env().duckdb)
+
+    def replace(
+        self, table: str, rows: pd.DataFrame, where: str | None = None, params: list | None = None
+    ) -> int:
+        return db.replace_rows(self.db_path, table, rows, where, params)
+
+    def upsert(self, table: str, rows: pd.DataFrame) -> int:
+        return db.upsert_rows(self.db_path, table, rows)
+
+    def query(self, sql: str, params: list[Any] | dict | None = None) -> pd.DataFrame:
+        return db.query(self.db_path, sql, params)

@@ -1,0 +1,154 @@
+-- MASCOT-DAG DuckDB schema. Every table has a key; assets replace their rows (or their
+-- partition's rows) inside one transaction, so re-materialising never duplicates anything.
+-- JSON columns hold lists/dicts written by the lineage; query them with DuckDB's JSON functions.
+
+CREATE TABLE IF NOT EXISTS contexts (
+    context_id   VARCHAR PRIMARY KEY,
+    source       VARCHAR NOT NULL,      -- empatheticdialogues | qmsum
+    domain       VARCHAR NOT NULL,      -- emotional_support | academic | committee | product
+    split        VARCHAR NOT NULL,      -- train | eval
+    situation    VARCHAR NOT NULL,      -- ED situation (prompt) / QMSum topic
+    text         VARCHAR NOT NULL,      -- what the agents are shown
+    emotion      VARCHAR,
+    valence      VARCHAR,               -- positive | negative | neutral (ED)
+    meeting_id   VARCHAR,
+    topic        VARCHAR,
+    turns        JSON,
+    queries      JSON,
+    source_file  VARCHAR,
+    source_ref   VARCHAR
+);
+
+CREATE TABLE IF NOT EXISTS personas (
+    persona_id   VARCHAR PRIMARY KEY,   -- slug, e.g. anchor
+    persona_set  VARCHAR NOT NULL,      -- support | workplace
+    name         VARCHAR NOT NULL,
+    role         VARCHAR NOT NULL,
+    description  VARCHAR NOT NULL,
+    behaviours   JSON NOT NULL,
+    avoid        JSON NOT NULL,
+    examples     JSON NOT NULL,
+    source_file  VARCHAR NOT NULL
+);
+
+CREATE TABLE IF NOT EXISTS persona_prompts (
+    persona_id    VARCHAR NOT NULL,
+    style         VARCHAR NOT NULL,     -- zero_shot | few_shot | ...
+    system_prompt VARCHAR NOT NULL,
+    PRIMARY KEY (persona_id, style)
+);
+
+CREATE TABLE IF NOT EXISTS generation_cache (
+    cache_key         VARCHAR PRIMARY KEY,
+    model             VARCHAR NOT NULL,
+    adapter           VARCHAR,
+    adapter_version   VARCHAR,
+    request           JSON NOT NULL,
+    text              VARCHAR NOT NULL,
+    prompt_tokens     INTEGER NOT NULL,
+    completion_tokens INTEGER NOT NULL,
+    created_at        TIMESTAMP DEFAULT current_timestamp
+);
+
+CREATE TABLE IF NOT EXISTS candidates (
+    candidate_id      VARCHAR PRIMARY KEY,
+    context_id        VARCHAR NOT NULL,
+    persona_id        VARCHAR NOT NULL,
+    sample_idx        INTEGER NOT NULL,
+    prompt_style      VARCHAR NOT NULL,
+    model             VARCHAR NOT NULL,
+    text              VARCHAR NOT NULL,
+    completion_tokens INTEGER NOT NULL,
+    seed              INTEGER NOT NULL
+);
+
+-- Long format: one row per (target, judge, criterion). A failed judgment keeps its raw output
+-- and has score NULL: it is never silently given a default score.
+CREATE TABLE IF NOT EXISTS judgments (
+    target_id    VARCHAR NOT NULL,      -- candidate_id
+    persona_id   VARCHAR,
+    judge        VARCHAR NOT NULL,
+    criterion    VARCHAR NOT NULL,
+    score        DOUBLE,
+    rationale    VARCHAR,
+    status       VARCHAR NOT NULL,      -- ok | failed
+    raw_output   VARCHAR,
+    PRIMARY KEY (target_id, judge, criterion)
+);
+
+CREATE TABLE IF NOT EXISTS preference_pairs (
+    pair_id       VARCHAR PRIMARY KEY,
+    context_id    VARCHAR NOT NULL,
+    persona_id    VARCHAR NOT NULL,
+    chosen_id     VARCHAR NOT NULL,
+    rejected_id   VARCHAR NOT NULL,
+    chosen_score  DOUBLE NOT NULL,
+    rejected_score DOUBLE NOT NULL,
+    margin        DOUBLE NOT NULL
+);
+
+-- Dialogues of both Stage 2 rollouts (stage = 'rollout') and evaluation (stage = 'eval').
+CREATE TABLE IF NOT EXISTS dialogues (
+    dialogue_id   VARCHAR PRIMARY KEY,
+    stage         VARCHAR NOT NULL,     -- rollout | eval
+    method        VARCHAR NOT NULL,     -- mascot | zero_shot | ... (rollout: mascot)
+    context_id    VARCHAR NOT NULL,
+    mode          VARCHAR NOT NULL,     -- support | meeting
+    user_profile  VARCHAR,              -- MBTI type in support mode
+    seed          INTEGER NOT NULL,
+    n_turns       INTEGER NOT NULL,
+    models        JSON                  -- persona -> adapter version or 'base', director version
+);
+
+CREATE TABLE IF NOT EXISTS turns (
+    dialogue_id   VARCHAR NOT NULL,
+    turn_idx      INTEGER NOT NULL,
+    role          VARCHAR NOT NULL,     -- agent | user
+    speaker       VARCHAR NOT NULL,     -- persona_id, 'user' or 'assistant'
+    text          VARCHAR NOT NULL,
+    model_used    VARCHAR,              -- adapter version, 'base+prompt', ...
+    PRIMARY KEY (dialogue_id, turn_idx)
+);
+
+CREATE TABLE IF NOT EXISTS directives (
+    dialogue_id   VARCHAR NOT NULL,
+    turn_idx      INTEGER NOT NULL,
+    speaker       VARCHAR NOT NULL,
+    action        VARCHAR NOT NULL,
+    tone          VARCHAR NOT NULL,
+    status        VARCHAR NOT NULL,     -- ok | retried | fallback
+    raw_output    VARCHAR,
+    PRIMARY KEY (dialogue_id, turn_idx)
+);
+
+CREATE TABLE IF NOT EXISTS group_judgments (
+    dialogue_id  VARCHAR NOT NULL,
+    block_idx    INTEGER NOT NULL,
+    judge        VARCHAR NOT NULL,
+    criterion    VARCHAR NOT NULL,
+    score        DOUBLE,
+    rationale    VARCHAR,
+    status       VARCHAR NOT NULL,
+    raw_output   VARCHAR,
+    PRIMARY KEY (dialogue_id, block_idx, judge, criterion)
+);
+
+CREATE TABLE IF NOT EXISTS eval_scores (
+    method           VARCHAR NOT NULL,
+    dialogue_id      VARCHAR NOT NULL,
+    level            VARCHAR NOT NULL,  -- agent | collective | automatic
+    judge            VARCHAR NOT NULL,  -- judge name, or 'metric' for automatic metrics
+    criterion        VARCHAR NOT NULL,
+    value            DOUBLE,
+    higher_is_better BOOLEAN NOT NULL,
+    PRIMARY KEY (method, dialogue_id, level, judge, criterion)
+);
+
+CREATE TABLE IF NOT EXISTS comparisons (
+    comparison_id  VARCHAR PRIMARY KEY,
+    context_id     VARCHAR NOT NULL,
+    judge          VARCHAR NOT NULL,
+    shown_order    JSON NOT NULL,       -- methods in the order the judge saw them
+    winner         VARCHAR,             -- NULL when the judge failed
+    status         VARCHAR NOT NULL
+);
