@@ -140,7 +140,7 @@ CREATE TABLE IF NOT EXISTS eval_scores (
     judge            VARCHAR NOT NULL,  -- judge name, or 'metric' for automatic metrics
     criterion        VARCHAR NOT NULL,
     value            DOUBLE,
-    higher_is_better BOOLEAN NOT NULL,
+    higher_is_better BOOLEAN,          -- NULL: no quality direction (e.g. response length)
     PRIMARY KEY (method, dialogue_id, level, judge, criterion)
 );
 
