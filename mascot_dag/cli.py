@@ -33,8 +33,8 @@ def demo(
     home = prepare_home()
     import dagster as dg
 
-    from mascot_dag.definitions import defs
     from mascot_dag.pipeline import run_lineage
+    from mascot_dag.profiles import resources_for
 
     t0 = time.monotonic()
 
@@ -43,7 +43,7 @@ def demo(
         typer.echo(f"  done: {stage}{part} in {seconds:.0f} s", err=True)
 
     with dg.DagsterInstance.get() as instance:
-        results = run_lineage(defs, instance=instance, on_stage=progress)
+        results = run_lineage(resources_for(), instance=instance, on_stage=progress)
     failed = [r for r in results if not r.success]
     typer.echo(f"\nLineage finished in {time.monotonic() - t0:.0f} s ({len(results)} runs).")
     typer.echo(f"  DuckDB:   {home.duckdb}   (mascot query NAME, or duckdb {home.duckdb})")

@@ -5,10 +5,10 @@ from __future__ import annotations
 import dagster as dg
 
 from mascot_dag import assets as _assets_pkg  # noqa: F401
-from mascot_dag.assets import contexts, personas
+from mascot_dag.assets import alignment, collaboration, contexts, feedback, personas
 from mascot_dag.profiles import resources_for
 
-ASSET_MODULES = [contexts, personas]
+ASSET_MODULES = [contexts, personas, feedback, alignment, collaboration]
 
 all_assets = dg.load_assets_from_modules(ASSET_MODULES)
 all_checks = dg.load_asset_checks_from_modules(ASSET_MODULES)

@@ -50,37 +50,37 @@ def prepare_home(home: Home | None = None) -> Home:
 
 
 def run_lineage(
-    defs: dg.Definitions,
-    resources: dict | None = None,
+    resources: dict,
     instance: dg.DagsterInstance | None = None,
     stages: tuple[Stage, ...] = STAGES,
     on_stage: Callable[[str, str | None, float], None] | None = None,
 ) -> list[dg.ExecuteInJobResult]:
-    """Materialise every stage whose assets exist in `defs`, partition by partition."""
-    repo = defs.get_repository_def()
-    graph_assets = list(repo.assets_defs_by_key.values())
-    checks = list(repo.asset_checks_defs_by_key.values()) if hasattr(
-        repo, "asset_checks_defs_by_key") else []
-    known = {k.to_user_string() for k in repo.assets_defs_by_key}
+    """Materialise every stage whose assets exist, partition by partition, with their checks."""
+    from mascot_dag.definitions import all_assets, all_checks
+
+    by_name = {k.to_user_string(): a for a in all_assets for k in a.keys}
     results = []
     for stage in stages:
-        names = [a for a in stage.assets if a in known]
+        names = [a for a in stage.assets if a in by_name]
         if not names:
             continue
         selection = dg.AssetSelection.assets(*names)
-        first = repo.assets_defs_by_key[dg.AssetKey(names[0])]
+        first = by_name[names[0]]
         partitions = first.partitions_def.get_partition_keys() if first.partitions_def else [None]
         for key in partitions:
             t0 = time.monotonic()
             result = dg.materialize(
-                [*graph_assets, *checks],
+                [*all_assets, *all_checks],
                 selection=selection,
                 partition_key=key,
-                resources=resources if resources is not None else dict(repo.get_top_level_resources()),
+                resources=resources,
                 instance=instance,
                 tags={"mascot/stage": stage.title},
+                raise_on_error=False,
             )
             results.append(result)
             if on_stage:
                 on_stage(stage.title, key, time.monotonic() - t0)
+            if not result.success:
+                return results  # later stages need this one's tables
     return results

@@ -33,3 +33,26 @@ def table_metadata(df: pd.DataFrame, **extra) -> dict:
 
 def counts(df: pd.DataFrame, col: str) -> dict:
     return {str(k): int(v) for k, v in df[col].fillna("n/a").value_counts().sort_index().items()}
+
+
+def base_model_path(chat) -> str:
+    """The base policy that training starts from: the chat resource's model, converted if needed."""
+    from mascot_dag.lib.home import Home
+    from mascot_dag.lib.models import resolve_model
+
+    models_dir = getattr(chat, "models_dir", "") or str(Home.from_env().models)
+    return resolve_model(chat.model, models_dir)
+
+
+def fingerprint(*parts) -> str:
+    """Short stable hash of training inputs: a checkpoint folder is reused (resumed) only when the
+    data and settings that produced it are the same."""
+    import hashlib
+    import json
+
+    blob = json.dumps(parts, sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+def registered_name(prefix: str, persona_id: str) -> str:
+    return f"{prefix}-{persona_id.replace('_', '-')}"

@@ -8,6 +8,8 @@ import dagster as dg
 from pydantic import Field
 
 from mascot_dag.assets.common import counts, table_metadata
+from mascot_dag.lib.home import Home
+from mascot_dag.lib.inbox import incoming_sources
 from mascot_dag.lib.loaders import load_empathetic_dialogues, load_qmsum
 from mascot_dag.lib.split import assign_split
 from mascot_dag.lib.tables import contexts_frame
@@ -48,6 +50,12 @@ def contexts(
     ed_path, qm_path = resolve_sources(config)
     ed = load_empathetic_dialogues(ed_path, skip_bad=config.skip_bad_rows)
     qm = load_qmsum(qm_path, max_chars=config.qmsum_max_chars, skip_bad=config.skip_bad_rows)
+    # Files accepted from the inbox by the sensor (validated there, so strict here).
+    ed_in, qm_in = incoming_sources(Home.from_env())
+    for f in ed_in:
+        ed.contexts += load_empathetic_dialogues(f).contexts
+    for f in qm_in:
+        qm.contexts += load_qmsum(f, max_chars=config.qmsum_max_chars).contexts
     items = ed.contexts + qm.contexts
     for c in items:
         c.split = assign_split(c.context_id, settings.eval_ratio)
@@ -68,6 +76,7 @@ def contexts(
             meetings=int(df.meeting_id.nunique()),
             skipped_rows=len(ed.skipped) + len(qm.skipped),
             ed_path=str(ed_path),
+            incoming_files=len(ed_in) + len(qm_in),
             qmsum_path=str(qm_path),
         )
     )

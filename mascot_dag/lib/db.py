@@ -65,24 +65,36 @@ def replace_rows(
     Columns of `rows` are matched to the table by name; missing nullable columns stay NULL.
     Returns the number of rows inserted.
     """
+    return replace_many(path, [(table, rows, where, params)])[0]
+
+
+def replace_many(
+    path: str | Path, changes: list[tuple[str, pd.DataFrame, str | None, list[Any] | None]]
+) -> list[int]:
+    """Several (table, rows, where, params) replacements in ONE transaction: a dialogue's rows in
+    `dialogues`, `turns` and `directives` change together or not at all."""
     with connect(path) as con:
-        cols = [r[0] for r in con.execute(f"DESCRIBE {table}").fetchall()]
-        unknown = [c for c in rows.columns if c not in cols]
-        if unknown:
-            raise ValueError(f"table {table} has no columns {unknown}; it has {cols}")
+        for table, rows, _, _ in changes:
+            cols = [r[0] for r in con.execute(f"DESCRIBE {table}").fetchall()]
+            unknown = [c for c in rows.columns if c not in cols]
+            if unknown:
+                raise ValueError(f"table {table} has no columns {unknown}; it has {cols}")
         con.execute("BEGIN TRANSACTION")
         try:
-            con.execute(f"DELETE FROM {table}" + (f" WHERE {where}" if where else ""), params or [])
-            if len(rows):
-                con.register("_incoming", rows)
-                names = ", ".join(f'"{c}"' for c in rows.columns)
-                con.execute(f"INSERT INTO {table} ({names}) SELECT {names} FROM _incoming")
-                con.unregister("_incoming")
+            for table, rows, where, params in changes:
+                con.execute(
+                    f"DELETE FROM {table}" + (f" WHERE {where}" if where else ""), params or []
+                )
+                if len(rows):
+                    con.register("_incoming", rows)
+                    names = ", ".join(f'"{c}"' for c in rows.columns)
+                    con.execute(f"INSERT INTO {table} ({names}) SELECT {names} FROM _incoming")
+                    con.unregister("_incoming")
             con.execute("COMMIT")
         except Exception:
             con.execute("ROLLBACK")
             raise
-    return len(rows)
+    return [len(rows) for _, rows, _, _ in changes]
 
 
 def upsert_rows(path: str | Path, table: str, rows: pd.DataFrame) -> int:

@@ -29,6 +29,9 @@ class DuckDBStore(dg.ConfigurableResource):
     ) -> int:
         return db.replace_rows(self.db_path, table, rows, where, params)
 
+    def replace_many(self, changes: list[tuple[str, pd.DataFrame, str | None, list | None]]) -> list[int]:
+        return db.replace_many(self.db_path, changes)
+
     def upsert(self, table: str, rows: pd.DataFrame) -> int:
         return db.upsert_rows(self.db_path, table, rows)
 

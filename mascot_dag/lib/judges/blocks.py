@@ -19,7 +19,9 @@ if TYPE_CHECKING:
 def score_block(judge: EmbeddedJudge, item: BlockItem, ctx: str) -> list[Score]:
     from mascot_dag.lib.judges.embedded import ECHO_COS, REL_HI, REL_LO, _ramp, _to_score
 
-    turns = [(str(t.get("speaker", "")), str(t.get("text", ""))) for t in item.turns]
+    raw = [(str(t.get("speaker", "")), str(t.get("text", ""))) for t in item.turns]
+    # features on the text without sentences addressed to the evaluator; those mark the turn broken
+    turns = [(s, F.strip_judge_directed(t)[0]) for s, t in raw]
     agent_idx = [i for i, (s, _) in enumerate(turns) if s != USER_SPEAKER]
     if not agent_idx:
         return [_to_score(c, 0.0, "no agent turns: every criterion is 1") for c in COLLECTIVE_CRITERIA]
@@ -39,7 +41,7 @@ def score_block(judge: EmbeddedJudge, item: BlockItem, ctx: str) -> list[Score]:
             rels.append(0.0)
             contrib.append(False)
             continue
-        broken = bool(F.ROLE_BREAK.search(text) or F.strip_judge_directed(text)[1])
+        broken = bool(F.ROLE_BREAK.search(text) or F.strip_judge_directed(raw[i][1])[1])
         others = [c.name for pid, c in cards.items() if pid != speaker] + ["User"]
         broken = broken or F.speaks_for_other(text, others) is not None
         if speaker in cards:

@@ -56,9 +56,9 @@ def _ramp(x: float, lo: float, hi: float) -> float:
 
 # Calibration of MiniLM cosines (measured on ED situations, see tests/test_judges.py):
 # on-topic replies sit at ~0.3-0.6 to their situation, replies to another situation at ~0-0.15.
-REL_LO, REL_HI = 0.05, 0.55  # relevance score: cos 0.05 -> 0, 0.55 -> 1
+REL_LO, REL_HI = 0.05, 0.6  # relevance score: cos 0.05 -> 0, 0.6 -> 1
 GATE_LO, GATE_HI = 0.05, 0.35  # relevance gate for fidelity and others: on topic from cos 0.35
-MARGIN_SCALE = 0.08  # fidelity: margin -0.08 -> 0, 0 -> 0.5, +0.08 -> 1
+MARGIN_SCALE = 0.2  # fidelity: margin -0.2 -> 0, 0 (tie with the closest other) -> 0.5, +0.2 -> 1
 
 
 def _to_score(criterion: str, x: float, why: str) -> Score:
@@ -100,10 +100,18 @@ class EmbeddedJudge:
             return
         if len(self._vecs) + len(todo) > self.cache_size:
             self._vecs.clear()
-        vecs = self._model().encode(
-            todo, batch_size=self.batch_size, normalize_embeddings=True, convert_to_numpy=True
-        )
-        self._vecs.update(zip(todo, np.asarray(vecs, dtype=np.float32)))
+        # Texts are batched only with texts of the same token length: padding changes the float
+        # reduction order, so a padded batch gives a text a slightly different vector (~1e-7)
+        # depending on its neighbours. Unpadded buckets make every vector, and so every score,
+        # bit-identical whatever else is in the call.
+        model = self._model()
+        ids = model.tokenizer(todo, truncation=True, max_length=model.max_seq_length)["input_ids"]
+        buckets: dict[int, list[str]] = {}
+        for text, toks in zip(todo, ids):
+            buckets.setdefault(len(toks), []).append(text)
+        for group in buckets.values():
+            vecs = model.encode(group, batch_size=self.batch_size, normalize_embeddings=True, convert_to_numpy=True)
+            self._vecs.update(zip(group, np.asarray(vecs, dtype=np.float32)))
 
     def _v(self, text: str) -> np.ndarray:
         return self._vecs[text]
@@ -132,7 +140,8 @@ class EmbeddedJudge:
         margin = cos(reply, own centroid) - max cos(reply, other roster centroids)
         fid    = 0.5 + margin / (2 * MARGIN_SCALE)             (clipped to [0, 1])
         gate   = ramp(cos(reply, context), GATE_LO, GATE_HI)    fidelity counts only when on topic
-        copy   = 0 if no 4-gram of the card is copied, else min(0.6, 0.2 + 0.1 * n_copied)
+        copy   = min(0.6, 0.15 * n_copied): n_copied = content-bearing 4-grams shared with the
+                 card (an appended card sentence shares ~6+, an incidental phrase 1-2)
         value  = fid * (0.1 + 0.9 * gate) - copy               (clipped to [0, 1])
         """
         v = self._v(text)
@@ -146,7 +155,7 @@ class EmbeddedJudge:
         gate = _ramp(rel, GATE_LO, GATE_HI)
         fid = _clip01(0.5 + (own - other) / (2 * MARGIN_SCALE))
         n_copied = F.copied_grams(text, self._persona(card).grams)
-        copy = min(0.6, 0.2 + 0.1 * n_copied) if n_copied else 0.0
+        copy = min(0.6, 0.15 * n_copied)
         value = _clip01(fid * (0.1 + 0.9 * gate) - copy)
         return {"own": own, "other": other, "margin": own - other, "rel": rel, "gate": gate,
                 "n_copied": n_copied, "copy": copy, "value": value}  # fmt: skip
@@ -160,12 +169,14 @@ class EmbeddedJudge:
     # ---- agent-level ------------------------------------------------------------------------
     def score_responses(self, items: list[ResponseItem]) -> list[list[Score]]:
         ctxs = [_clean_context(it.context_text) for it in items]
-        self._prepare(ctxs, [t for it in items for t in (it.response, *it.history)],
+        # features are computed on the reply without sentences addressed to the evaluator, so such
+        # a sentence can only cost (the cap in _format_caps), never add novelty or emotion words
+        texts = [F.strip_judge_directed(it.response)[0] for it in items]
+        self._prepare(ctxs, [t for it, r in zip(items, texts) for t in (r, *it.history)],
                       [c for it in items for c in (it.persona, *it.roster)])  # fmt: skip
-        return [self._score_response(it, ctx) for it, ctx in zip(items, ctxs)]
+        return [self._score_response(it, r, ctx) for it, r, ctx in zip(items, texts, ctxs)]
 
-    def _score_response(self, it: ResponseItem, ctx: str) -> list[Score]:
-        text = it.response
+    def _score_response(self, it: ResponseItem, text: str, ctx: str) -> list[Score]:
         if not text.strip():
             return [_to_score(c, 0.0, "empty response: every criterion is 1") for c in AGENT_CRITERIA]
         fid = self._fidelity(text, it.persona, it.roster, ctx)
@@ -206,16 +217,16 @@ class EmbeddedJudge:
         x["response_relevance"] = rel01  # ramp(cos(reply, context), REL_LO, REL_HI)
         why["response_relevance"] = f"cos_context={rel:.3f}"
 
-        # social_contribution = (0.45 novelty + 0.25 distinct-2 + 0.3 min(1, new content words / 6))
+        # social_contribution = (0.45 novelty + 0.25 distinct-2 + 0.3 min(1, new content words / 10))
         #   * (0.4 + 0.6 gate); new = content words absent from the context and history
         nov = self._novelty(text, it.history, ctx)
         d2 = F.distinct_n(text, 2)
         seen = F.content_words(ctx).union(*(F.content_words(h) for h in it.history))
         new = len(F.content_words(text) - seen)
-        x["social_contribution"] = (0.45 * nov + 0.25 * d2 + 0.3 * min(1.0, new / 6)) * (0.4 + 0.6 * gate)
+        x["social_contribution"] = (0.45 * nov + 0.25 * d2 + 0.3 * min(1.0, new / 10)) * (0.4 + 0.6 * gate)
         why["social_contribution"] = f"novelty={nov:.3f} distinct2={d2:.3f} new_content_words={new}"
 
-        caps, notes = self._format_caps(text, it.persona, it.roster)
+        caps, notes = self._format_caps(it.response, it.persona, it.roster)
         out = []
         for c in AGENT_CRITERIA:
             value = min(_clip01(x[c]), caps.get(c, caps.get("*", 1.0)))
@@ -256,7 +267,7 @@ class EmbeddedJudge:
         from mascot_dag.lib.judges.blocks import score_block
 
         ctxs = [_clean_context(it.context_text) for it in items]
-        self._prepare(ctxs, [str(t.get("text", "")) for it in items for t in it.turns],
+        self._prepare(ctxs, [F.strip_judge_directed(str(t.get("text", "")))[0] for it in items for t in it.turns],
                       [c for it in items for c in it.roster])  # fmt: skip
         return [score_block(self, it, ctx) for it, ctx in zip(items, ctxs)]
 

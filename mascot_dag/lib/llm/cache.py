@@ -53,7 +53,8 @@ class CachedChat:
                 results[i] = replace(found[k], cached=True)
             else:
                 todo.setdefault(k, []).append(i)
-        self.hits += len(requests) - sum(len(v) for v in todo.values())
+        # hits = requests answered without generating (cached rows and in-call duplicates).
+        self.hits += len(requests) - len(todo)
         self.misses += len(todo)
         if todo:
             first = [idxs[0] for idxs in todo.values()]

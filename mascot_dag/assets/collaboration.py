@@ -1,0 +1,215 @@
+"""Stage 2 (group `collaboration`): director-led group dialogues, group judgments, director GRPO."""
+
+import json
+
+import dagster as dg
+import pandas as pd
+
+from mascot_dag.assets.common import base_model_path, counts, fingerprint, table_metadata
+from mascot_dag.assets.feedback import load_roster
+from mascot_dag.assets.registry import DIRECTOR_MODEL, attach_personas
+from mascot_dag.lib.dialogue import DialogueConfig, blocks, run_dialogues
+from mascot_dag.lib.home import Home
+from mascot_dag.lib.judges.base import BlockItem
+from mascot_dag.lib.rollout import build_specs, record_frames, records_from_frames
+from mascot_dag.lib.tables import context_from_row, score_rows
+from mascot_dag.lib.users import load_user_profiles
+from mascot_dag.resources.judge import EmbeddedJudgeResource
+from mascot_dag.resources.llm import ChatModelResource
+from mascot_dag.resources.settings import LineageSettings
+from mascot_dag.resources.store import DuckDBStore
+from mascot_dag.resources.tracking import MLflowResource
+
+EXPERIMENT = "stage2_collaboration"
+ROLLOUT_PREFIX = "rollout"
+
+
+def pick_contexts(store: DuckDBStore, split: str, per_mode: int):
+    """Up to `per_mode` contexts of each source from a split, in a fixed hash order."""
+    out = []
+    for source in ("empatheticdialogues", "qmsum"):
+        limit = f"LIMIT {int(per_mode)}" if per_mode else ""
+        rows = store.query(
+            f"SELECT * FROM contexts WHERE split = ? AND source = ? ORDER BY md5(context_id) {limit}",
+            [split, source],
+        ).to_dict("records")
+        out += [context_from_row(r) for r in rows]
+    if not out:
+        raise ValueError(f"no {split} contexts: materialise `contexts` first")
+    return out
+
+
+def rosters(store: DuckDBStore) -> dict:
+    return {"support": load_roster(store, "support"), "workplace": load_roster(store, "workplace")}
+
+
+def dialogue_config(settings: LineageSettings, **overrides) -> DialogueConfig:
+    base = dict(
+        max_new_tokens_agent=settings.max_new_tokens,
+        max_new_tokens_user=max(16, settings.max_new_tokens - 8),
+        prompt_style=settings.prompt_style,
+    )
+    return DialogueConfig(**{**base, **overrides})
+
+
+def write_dialogues(store: DuckDBStore, records, prefix: str) -> tuple:
+    dialogues, turns, directives = record_frames(records)
+    like = [f"{prefix}:%"]
+    store.replace_many([
+        ("dialogues", dialogues, "dialogue_id LIKE ?", like),
+        ("turns", turns, "dialogue_id LIKE ?", like),
+        ("directives", directives, "dialogue_id LIKE ?", like),
+    ])
+    return dialogues, turns, directives
+
+
+def dialogue_metadata(dialogues, turns, directives, **extra) -> dict:
+    agent = turns[turns.role == "agent"]
+    return table_metadata(
+        turns[["dialogue_id", "turn_idx", "speaker", "text"]],
+        dialogues=len(dialogues),
+        by_mode=counts(dialogues, "mode"),
+        agent_turns=len(agent),
+        agent_turns_with_directive=int(agent.merge(directives, on=["dialogue_id", "turn_idx"]).shape[0]),
+        directive_status=counts(directives, "status") if len(directives) else {},
+        speakers=counts(agent, "speaker"),
+        **extra,
+    )
+
+
+@dg.asset(group_name="collaboration", deps=["persona_adapters", "contexts", "persona_cards"],
+          kinds={"duckdb", "pytorch"})
+def group_rollouts(
+    store: DuckDBStore, chat: ChatModelResource, tracking: MLflowResource, settings: LineageSettings
+) -> dg.MaterializeResult:
+    """Director + aligned agents (+ simulated MBTI users in support mode) on train contexts."""
+    roster = rosters(store)
+    specs = build_specs(pick_contexts(store, "train", settings.rollout_dialogues), roster,
+                        load_user_profiles(), settings.agent_turns, ROLLOUT_PREFIX, settings.seed)
+    adapters, versions = attach_personas(chat, tracking, [c.persona_id for c in roster["support"]])
+    config = dialogue_config(settings, persona_adapters=adapters)
+    records = run_dialogues(specs, chat.backend(), config, stage="rollout", method="mascot")
+    d, t, x = write_dialogues(store, records, ROLLOUT_PREFIX)
+    return dg.MaterializeResult(metadata=dialogue_metadata(
+        d, t, x, persona_adapter_versions=versions,
+        fallback_rate=float((x.status == "fallback").mean()) if len(x) else 0.0))
+
+
+def judge_blocks(store: DuckDBStore, judge, prefix: str, block_size: int) -> pd.DataFrame:
+    """Collective-rubric scores of every N-turn block of the dialogues under `prefix`."""
+    like = [f"{prefix}:%"]
+    dialogues = store.query("SELECT * FROM dialogues WHERE dialogue_id LIKE ?", like)
+    turns = store.query("SELECT * FROM turns WHERE dialogue_id LIKE ?", like)
+    ctx = dict(store.query("SELECT context_id, text FROM contexts").values.tolist())
+    roster = rosters(store)
+    items, keys = [], []
+    for rec in records_from_frames(dialogues, turns, turns.iloc[0:0]):
+        r = roster["support" if rec.dialogue["mode"] == "support" else "workplace"]
+        for b, block in enumerate(blocks(rec.turns, block_size)):
+            items.append(BlockItem(ctx[rec.dialogue["context_id"]], r,
+                                   [{"speaker": t["speaker"], "text": t["text"]} for t in block]))
+            keys.append((rec.dialogue["dialogue_id"], b))
+    j = judge.judge()
+    rows = []
+    for (did, b), scores in zip(keys, j.score_blocks(items) if items else [], strict=True):
+        rows += score_rows(scores, dialogue_id=did, block_idx=b, judge=j.name)
+    return pd.DataFrame(rows, columns=["dialogue_id", "block_idx", "judge", "criterion", "score",
+                                       "rationale", "status", "raw_output"])
+
+
+@dg.asset(group_name="collaboration", deps=[group_rollouts], kinds={"duckdb"})
+def group_judgments(
+    store: DuckDBStore, judge: EmbeddedJudgeResource, settings: LineageSettings
+) -> dg.MaterializeResult:
+    """Collective rubric (4 criteria, 1-5) per N-turn block of every rollout dialogue."""
+    df = judge_blocks(store, judge, ROLLOUT_PREFIX, settings.block_size)
+    store.replace("group_judgments", df, "dialogue_id LIKE ?", [f"{ROLLOUT_PREFIX}:%"])
+    ok = df[df.status == "ok"]
+    return dg.MaterializeResult(metadata=table_metadata(
+        df[["dialogue_id", "block_idx", "criterion", "score"]],
+        blocks=int(df[["dialogue_id", "block_idx"]].drop_duplicates().shape[0]),
+        mean_by_criterion={k: round(float(v), 3) for k, v in ok.groupby("criterion").score.mean().items()},
+        failure_rate=float((df.status == "failed").mean()) if len(df) else 0.0,
+    ))
+
+
+@dg.asset(group_name="collaboration", deps=[group_judgments], kinds={"pytorch", "mlflow"})
+def director_adapter(
+    store: DuckDBStore,
+    chat: ChatModelResource,
+    judge: EmbeddedJudgeResource,
+    tracking: MLflowResource,
+    settings: LineageSettings,
+) -> dg.MaterializeResult:
+    """GRPO LoRA for the director: each sampled directive is rolled out for the next agent turn and
+    rewarded by the group judge on the resulting block, plus a format reward for valid directives."""
+    from mascot_dag.lib.director_reward import (
+        DirectiveFormatReward,
+        GroupBlockReward,
+        director_states,
+    )
+    from mascot_dag.lib.training.config import GRPOSettings
+    from mascot_dag.lib.training.grpo import train_grpo_adapter
+    from mascot_dag.assets.alignment import lora_settings
+
+    like = [f"{ROLLOUT_PREFIX}:%"]
+    dialogues = store.query("SELECT * FROM dialogues WHERE dialogue_id LIKE ?", like)
+    turns = store.query("SELECT * FROM turns WHERE dialogue_id LIKE ?", like)
+    records = records_from_frames(dialogues, turns, turns.iloc[0:0])
+    roster = rosters(store)
+    specs = {s.dialogue_id: s for s in build_specs(
+        pick_contexts(store, "train", settings.rollout_dialogues), roster, load_user_profiles(),
+        settings.agent_turns, ROLLOUT_PREFIX, settings.seed)}
+    records = [r for r in records if r.dialogue["dialogue_id"] in specs]
+    states = director_states(records, specs)
+    if not states:
+        raise ValueError("no director decision points in the rollouts: materialise group_rollouts")
+    adapters, versions = attach_personas(chat, tracking, [c.persona_id for c in roster["support"]])
+    config = dialogue_config(settings, persona_adapters=adapters)
+    rewards = [GroupBlockReward(states, chat.backend().generate, judge.judge(), config,
+                                settings.block_size),
+               DirectiveFormatReward(states, config.no_repeat)]
+    weights = [1.0, settings.format_reward_weight]
+    gs = GRPOSettings(
+        max_steps=settings.director_steps, batch_size=settings.grpo_generations,
+        num_generations=settings.grpo_generations, max_completion_length=48,
+        learning_rate=settings.grpo_learning_rate, save_steps=1, seed=settings.seed,
+        use_cpu=settings.use_cpu, bf16=not settings.use_cpu,
+    )
+    lora = lora_settings(settings)
+    base = base_model_path(chat)
+    prompts = [s.messages for s in states]
+    out = Home.from_env().checkpoints / "director_adapter" / fingerprint(base, prompts, versions, gs, lora)
+    with tracking.start_run(EXPERIMENT, "grpo-director", {"asset": "director_adapter"}) as run:
+        tracking.log_params({"base_model": base, "states": len(states), **gs.__dict__,
+                             "persona_adapter_versions": versions, "lora": lora.__dict__,
+                             "reward_weights": weights})
+        result = train_grpo_adapter(base, prompts, rewards, weights, gs, lora, out)
+        for name, points in {"reward": result.reward_curve, "kl": result.kl_curve,
+                             "loss": result.loss_curve, **result.reward_func_curves}.items():
+            if points:
+                tracking.log_curve(name, points)
+        tracking.log_adapter(result.adapter_dir)
+        version = tracking.register_version(DIRECTOR_MODEL, run,
+                                            tags={"persona_versions": json.dumps(versions)})
+    nan = float("nan")
+    return dg.MaterializeResult(metadata={
+        "mlflow_run_id": run.info.run_id,
+        "model_version": f"{DIRECTOR_MODEL}/{version}",
+        "decision_points": len(states),
+        "trainable_percent": result.trainable_percent,
+        "steps": result.steps,
+        "mean_reward_start": result.reward_start if result.reward_start is not None else nan,
+        "mean_reward_end": result.reward_end if result.reward_end is not None else nan,
+        "seconds_per_step": result.seconds_per_step or nan,
+    })
+
+
+@dg.asset_check(asset=group_rollouts, blocking=True)
+def group_rollouts_directive_every_agent_turn_check(store: DuckDBStore) -> dg.AssetCheckResult:
+    missing = store.query(
+        "SELECT count(*) AS n FROM turns t LEFT JOIN directives d USING (dialogue_id, turn_idx) "
+        "WHERE t.role = 'agent' AND t.dialogue_id LIKE 'rollout:%' AND d.speaker IS NULL"
+    ).n.iloc[0]
+    return dg.AssetCheckResult(passed=int(missing) == 0,
+                               metadata={"agent_turns_without_directive": int(missing)})

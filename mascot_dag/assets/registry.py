@@ -1,0 +1,62 @@
+"""Model versions in the MLflow registry -> adapters loaded into the chat backend."""
+
+from pathlib import Path
+
+from mascot_dag.assets.common import registered_name
+from mascot_dag.lib.home import Home
+from mascot_dag.resources.llm import ChatModelResource
+from mascot_dag.resources.tracking import MLflowResource
+
+DIRECTOR_MODEL = "mascot-director"
+REWARD_MODEL = "mascot-persona-reward"
+
+
+def persona_model(persona_id: str) -> str:
+    return registered_name("mascot-persona", persona_id)
+
+
+def latest_version(tracking: MLflowResource, model_name: str) -> str | None:
+    from mlflow import MlflowClient
+
+    tracking.configure()
+    versions = MlflowClient().search_model_versions(f"name = '{model_name}'")
+    return str(max(int(v.version) for v in versions)) if versions else None
+
+
+def resolve_version(tracking: MLflowResource, model_name: str, alias: str | None) -> str | None:
+    """`alias` (e.g. champion) when given and set, else None; no alias -> the latest version."""
+    if alias:
+        return tracking.get_alias_version(model_name, alias)
+    return latest_version(tracking, model_name)
+
+
+def fetch(tracking: MLflowResource, model_name: str, version: str) -> Path:
+    dst = Home.from_env().checkpoints / "downloads" / f"{model_name}-v{version}"
+    if (dst / "adapter_config.json").exists():
+        return dst
+    return tracking.download_adapter(f"models:/{model_name}/{version}", dst)
+
+
+def attach(
+    chat: ChatModelResource, tracking: MLflowResource, model_name: str, alias: str | None = None
+) -> tuple[str | None, str | None]:
+    """Load a registered adapter into the backend; returns (adapter name, version) or Nones."""
+    version = resolve_version(tracking, model_name, alias)
+    if version is None:
+        return None, None
+    name = f"{model_name}@v{version}"
+    # add_adapter is idempotent for the same name and folder.
+    chat.backend().add_adapter(name, str(fetch(tracking, model_name, version)))
+    return name, version
+
+
+def attach_personas(
+    chat: ChatModelResource, tracking: MLflowResource, persona_ids: list[str], alias: str | None = None
+) -> tuple[dict[str, str | None], dict[str, str]]:
+    """Adapters of every persona that has one: ({persona: adapter name}, {persona: version})."""
+    names, versions = {}, {}
+    for pid in persona_ids:
+        name, version = attach(chat, tracking, persona_model(pid), alias)
+        if name:
+            names[pid], versions[pid] = name, version
+    return names, versions

@@ -1,0 +1,78 @@
+"""Tokens/s of one-at-a-time vs batched generation with the embedded SmolLM2-135M on CPU.
+
+The same 16 persona-style chats (4 personas x 4 situations) are generated twice with
+TransformersChat: batch_size=1 (one prompt per `generate` call inside the backend) and
+batch_size=8 (left-padded batches). Sampling as in the pipeline (temperature 0.8, 48 new tokens,
+one seed per request). Prints both throughputs and their ratio (target: batched >= 3x).
+
+    .venv/bin/python scripts/bench_generation.py [--threads 2] [--max-new-tokens 48]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from mascot_dag.lib.home import Home
+from mascot_dag.lib.llm.transformers_backend import TransformersChat
+from mascot_dag.lib.models import EMBEDDED_MODEL
+from mascot_dag.lib.types import ChatRequest, SamplingParams
+
+PERSONAS = {
+    "Anchor": "You are Anchor, a calm, steady companion. You validate feelings and slow down.",
+    "Beacon": "You are Beacon, a warm optimist. You point out hope and strengths in hard moments.",
+    "Catalyst": "You are Catalyst, a direct motivator. You nudge people to take one small step.",
+    "Guide": "You are Action Guide, a practical planner. You give short, concrete next steps.",
+}
+SITUATIONS = [
+    "I failed my driving test for the second time and I feel like giving up.",
+    "My best friend moved to another country last week and the flat feels empty.",
+    "I got the promotion I worked for, but I'm scared I'm not good enough for it.",
+    "Our team missed the deadline again and my manager looked disappointed at me.",
+]
+
+
+def requests(max_new_tokens: int) -> list[ChatRequest]:
+    reqs = []
+    for p_idx, system in enumerate(PERSONAS.values()):
+        for s_idx, situation in enumerate(SITUATIONS):
+            messages = (
+                {"role": "system", "content": system},
+                {"role": "user", "content": situation},
+            )
+            sampling = SamplingParams(
+                max_new_tokens=max_new_tokens, temperature=0.8, top_p=0.95, seed=p_idx * 10 + s_idx
+            )
+            reqs.append(ChatRequest(messages=messages, sampling=sampling))
+    return reqs
+
+
+def measure(chat: TransformersChat, reqs: list[ChatRequest], batch_size: int) -> tuple[float, int]:
+    chat.batch_size = batch_size
+    start = time.perf_counter()
+    results = chat.generate(reqs)
+    elapsed = time.perf_counter() - start
+    tokens = sum(r.completion_tokens for r in results)
+    return tokens / elapsed, tokens
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--max-new-tokens", type=int, default=48)
+    ap.add_argument("--batch-size", type=int, default=8)
+    args = ap.parse_args()
+
+    chat = TransformersChat(EMBEDDED_MODEL, Home.from_env().models, threads=args.threads)
+    reqs = requests(args.max_new_tokens)
+    chat.generate(reqs[:2])  # warm-up: first calls pay for lazy initialisation
+    single, single_tok = measure(chat, reqs, 1)
+    batched, batched_tok = measure(chat, reqs, args.batch_size)
+    print(f"prompts: {len(reqs)}, max_new_tokens: {args.max_new_tokens}, threads: {args.threads}")
+    print(f"one at a time : {single:6.1f} tok/s ({single_tok} tokens)")
+    print(f"batched ({args.batch_size})   : {batched:6.1f} tok/s ({batched_tok} tokens)")
+    print(f"ratio         : {batched / single:.2f}x (target >= 3x)")
+
+
+if __name__ == "__main__":
+    main()
