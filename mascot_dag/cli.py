@@ -100,5 +100,61 @@ def query(
     typer.echo(df.head(limit).to_string(index=False) if len(df) else "(no rows)")
 
 
+@app.command()
+def chat(
+    turns: int = typer.Option(0, help="Stop after this many of your messages (0 = until EOF/quit)."),
+    max_new_tokens: int = typer.Option(48, help="Tokens per agent reply."),
+    agents_per_round: int = typer.Option(2, help="Agents answering each of your messages."),
+) -> None:
+    """Talk to the companion group: the director picks who answers, with the champion adapters."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from mascot_dag.assets.registry import DIRECTOR_MODEL, attach, attach_personas
+    from mascot_dag.lib.chat import ChatSession
+    from mascot_dag.lib.dialogue import DialogueConfig
+    from mascot_dag.lib.personas import load_personas, personas_of_set
+    from mascot_dag.resources.llm import TransformersChatResource
+    from mascot_dag.resources.tracking import MLflowResource
+
+    roster = personas_of_set(load_personas(), "support")
+    llm, tracking = TransformersChatResource(), MLflowResource()
+    adapters, versions = attach_personas(llm, tracking, [c.persona_id for c in roster], "champion")
+    director, director_version = attach(llm, tracking, DIRECTOR_MODEL, "champion")
+    if versions or director_version:
+        typer.echo(f"Using champion versions: personas {versions or 'none'}, "
+                   f"director {director_version or 'base'}")
+    else:
+        typer.echo("No champion in MLflow yet: base model with persona prompts (run `make demo`).")
+    config = DialogueConfig(persona_adapters=adapters, director_adapter=director,
+                            max_new_tokens_agent=max_new_tokens, agents_per_round=agents_per_round)
+    session = ChatSession(roster, llm.generate, config)
+    typer.echo("Type a message (empty line or 'quit' to stop).")
+    said = 0
+    for line in sys.stdin:
+        line = line.strip()
+        if not line or line.lower() in {"quit", "exit"}:
+            break
+        for card, reply, d in session.say(line):
+            typer.echo(f"[{card.name}] ({d['action']}; {d['tone']}) {reply}")
+        said += 1
+        if turns and said >= turns:
+            break
+
+
+@app.command()
+def report() -> None:
+    """The latest evaluation report's path and headline numbers."""
+    from mascot_dag.lib.home import Home
+
+    latest = Home.from_env().reports / "latest.md"
+    if not latest.exists():
+        typer.echo(f"no report yet under {latest.parent}: run `make demo`", err=True)
+        raise typer.Exit(2)
+    text = latest.read_text(encoding="utf-8")
+    typer.echo(str(latest))
+    for line in text.splitlines():
+        if line.lower().startswith(("**overall", "- overall", "| mascot", "champion", "**champion")):
+            typer.echo(line)
+
+
 if __name__ == "__main__":
     app()

@@ -11,7 +11,11 @@ one seed per request). Prints both throughputs and their ratio (target: batched 
 from __future__ import annotations
 
 import argparse
+import os
 import time
+
+# Before torch loads: spinning OpenMP workers slow generation ~10x on a shared, busy CPU.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from mascot_dag.lib.home import Home
 from mascot_dag.lib.llm.transformers_backend import TransformersChat
@@ -47,13 +51,17 @@ def requests(max_new_tokens: int) -> list[ChatRequest]:
     return reqs
 
 
-def measure(chat: TransformersChat, reqs: list[ChatRequest], batch_size: int) -> tuple[float, int]:
+def measure(
+    chat: TransformersChat, reqs: list[ChatRequest], batch_size: int
+) -> tuple[float, float, int]:
+    """(tokens per wall second, tokens per CPU second, tokens). CPU seconds count every torch
+    thread; on a shared machine they show the work done, while wall seconds include waiting."""
     chat.batch_size = batch_size
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     results = chat.generate(reqs)
-    elapsed = time.perf_counter() - start
+    elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
     tokens = sum(r.completion_tokens for r in results)
-    return tokens / elapsed, tokens
+    return tokens / elapsed, tokens / cpu, tokens
 
 
 def main() -> None:
@@ -66,12 +74,15 @@ def main() -> None:
     chat = TransformersChat(EMBEDDED_MODEL, Home.from_env().models, threads=args.threads)
     reqs = requests(args.max_new_tokens)
     chat.generate(reqs[:2])  # warm-up: first calls pay for lazy initialisation
-    single, single_tok = measure(chat, reqs, 1)
-    batched, batched_tok = measure(chat, reqs, args.batch_size)
+    single, single_cpu, single_tok = measure(chat, reqs, 1)
+    batched, batched_cpu, batched_tok = measure(chat, reqs, args.batch_size)
     print(f"prompts: {len(reqs)}, max_new_tokens: {args.max_new_tokens}, threads: {args.threads}")
-    print(f"one at a time : {single:6.1f} tok/s ({single_tok} tokens)")
-    print(f"batched ({args.batch_size})   : {batched:6.1f} tok/s ({batched_tok} tokens)")
-    print(f"ratio         : {batched / single:.2f}x (target >= 3x)")
+    rows = [("one at a time", single, single_cpu, single_tok)]
+    rows.append((f"batched ({args.batch_size})", batched, batched_cpu, batched_tok))
+    for name, wall, cpu, tok in rows:
+        print(f"{name:14}: {wall:6.1f} tok/s wall, {cpu:6.1f} tok/cpu-s ({tok} tokens)")
+    wall_ratio, cpu_ratio = batched / single, batched_cpu / single_cpu
+    print(f"ratio         : {wall_ratio:.2f}x wall, {cpu_ratio:.2f}x cpu (target >= 3x)")
 
 
 if __name__ == "__main__":

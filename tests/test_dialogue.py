@@ -24,14 +24,19 @@ WORKPLACE = personas_of_set(CARDS, "workplace")
 PROFILES = {p.type: p for p in load_user_profiles()}
 
 ED = Context(
-    context_id="ed-1", source="empatheticdialogues", domain="emotional_support",
+    context_id="ed-1",
+    source="empatheticdialogues",
+    domain="emotional_support",
     situation="I failed my driving test for the third time.",
     text="Situation: I failed my driving test for the third time.\n"
     "Speaker: I failed again today and I feel so stupid.",
     turns=[{"speaker": "speaker", "text": "I failed again today and I feel so stupid."}],
 )
 MEETING = Context(
-    context_id="qm-1", source="qmsum", domain="product", situation="remote control design",
+    context_id="qm-1",
+    source="qmsum",
+    domain="product",
+    situation="remote control design",
     text="PM: We need to decide on the remote's buttons.\nUI: Fewer buttons are easier.",
     topic="remote control design",
     queries=[{"query": "What did the group decide about the buttons?", "answer": "fewer"}],
@@ -98,13 +103,22 @@ def test_support_dialogues_with_director(chat):
         assert rec.dialogue["user_profile"] in {"INTJ", "ESFP"}
     # lockstep: each director round batches both dialogues; agents get their directive
     assert all(len(call) == 2 for call in rec_chat.calls[:1])
-    agent_reqs = [r for call in rec_chat.calls for r in call
-                  if "Your director asks you to:" in r.messages[-1]["content"]]
+    agent_reqs = [
+        r
+        for call in rec_chat.calls
+        for r in call
+        if "Your director asks you to:" in r.messages[-1]["content"]
+    ]
     assert len(agent_reqs) == 6
     assert all(any(c.name in r.messages[0]["content"] for c in SUPPORT) for r in agent_reqs)
-    user_reqs = [r for call in rec_chat.calls for r in call if "seeking support" in r.messages[0]["content"]]
-    assert len(user_reqs) == 2
-    assert PROFILES["INTJ"].style in user_reqs[0].messages[0]["content"] + user_reqs[1].messages[0]["content"]
+    user_systems = [
+        r.messages[0]["content"]
+        for call in rec_chat.calls
+        for r in call
+        if "seeking support" in r.messages[0]["content"]
+    ]
+    assert len(user_systems) == 2
+    assert any(PROFILES["INTJ"].style in s for s in user_systems)
 
 
 def test_meeting_random_policy_and_no_grounding(chat):

@@ -114,7 +114,9 @@ def test_arbitrary_text_only_raises_directive_error(text):
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3)
+    ),
     max_leaves=10,
 )
 
@@ -135,8 +137,12 @@ def test_adversarial_json_objects(obj, before, after):
 
 
 @settings(max_examples=100, deadline=None)
-@given(st.sampled_from(SUPPORT), st.text(min_size=1, max_size=50).filter(str.strip),
-       st.text(min_size=1, max_size=20).filter(str.strip), st.text(max_size=50))
+@given(
+    st.sampled_from(SUPPORT),
+    st.text(min_size=1, max_size=50).filter(str.strip),
+    st.text(min_size=1, max_size=20).filter(str.strip),
+    st.text(max_size=50),
+)
 def test_valid_directive_with_known_speaker_parses(card, action, tone, prose):
     text = prose.replace("{", "(") + "\n" + _obj(card.name, action, tone)
     d = parse_directive(text, SUPPORT)
@@ -165,11 +171,19 @@ def test_garbage_generator_rotates_through_roster():
     picked = []
     for turn_idx in range(1, 13):
         choice = choose_directive(
-            _garbage, "ctx", SUPPORT, history, "support",
-            turn_idx=turn_idx, last_speaker=last, no_repeat=True,
+            _garbage,
+            "ctx",
+            SUPPORT,
+            history,
+            "support",
+            turn_idx=turn_idx,
+            last_speaker=last,
+            no_repeat=True,
         )
         assert choice.status == "fallback" and len(choice.raw_outputs) == 2
         assert "no JSON object" in choice.errors[0]
+        card = next(c for c in SUPPORT if c.persona_id == choice.directive.speaker)
+        assert choice.directive.action in card.behaviours  # the fallback stays in role
         picked.append(choice.directive.speaker)
         history.append({"speaker": choice.directive.speaker, "text": "..."})
         last = choice.directive.speaker
@@ -193,14 +207,26 @@ def test_retry_gets_repair_message_and_counts_as_retried():
 
 def test_repeated_speaker_is_invalid_when_no_repeat():
     choice = choose_directive(
-        lambda m: _obj("anchor"), "ctx", SUPPORT, [{"speaker": "anchor", "text": "x"}], "support",
-        turn_idx=1, last_speaker="anchor", no_repeat=True,
+        lambda m: _obj("anchor"),
+        "ctx",
+        SUPPORT,
+        [{"speaker": "anchor", "text": "x"}],
+        "support",
+        turn_idx=1,
+        last_speaker="anchor",
+        no_repeat=True,
     )
     assert choice.status == "fallback" and choice.directive.speaker != "anchor"
     assert "spoke last" in choice.errors[0]
     ok = choose_directive(
-        lambda m: _obj("anchor"), "ctx", SUPPORT, [], "support",
-        turn_idx=1, last_speaker="anchor", no_repeat=False,
+        lambda m: _obj("anchor"),
+        "ctx",
+        SUPPORT,
+        [],
+        "support",
+        turn_idx=1,
+        last_speaker="anchor",
+        no_repeat=False,
     )
     assert (ok.status, ok.directive.speaker) == ("ok", "anchor")
 
@@ -219,8 +245,14 @@ def test_fallback_never_repeats(roster, hist_idx, turn_idx, failure):
     outputs = {"garbage": "}{", "repeat": _obj(last), "offroster": _obj("nobody_here")}
 
     choice = choose_directive(
-        lambda m: outputs[failure], "ctx", roster, history, "support",
-        turn_idx=turn_idx, last_speaker=last, no_repeat=True,
+        lambda m: outputs[failure],
+        "ctx",
+        roster,
+        history,
+        "support",
+        turn_idx=turn_idx,
+        last_speaker=last,
+        no_repeat=True,
     )
     assert choice.status == "fallback"
     assert choice.directive.speaker in ids and choice.directive.speaker != last

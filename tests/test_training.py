@@ -21,7 +21,8 @@ from mascot_dag.lib.training.config import (
     SFTSettings,
 )
 
-SYSTEM = {"role": "system", "content": "You are The Anchor, a calm emotional validator."}
+# Short texts on purpose: CPU cost is proportional to tokens (~0.27 GFLOP per token per pass).
+SYSTEM = {"role": "system", "content": "You are The Anchor, a calm validator."}
 SITUATIONS = [
     "I failed my driving test again.",
     "My best friend moved to another city.",
@@ -41,14 +42,14 @@ def prompt(text: str) -> list[dict]:
     return [SYSTEM, {"role": "user", "content": text}]
 
 
-def pairs() -> list[dict]:
+def pairs(n: int = len(SITUATIONS)) -> list[dict]:
     return [
         {
             "prompt": prompt(s),
-            "chosen": "That sounds really painful. It makes sense you feel this way; I'm here.",
-            "rejected": "As an AI language model, I cannot have feelings about that.",
+            "chosen": "That sounds painful; it makes sense you feel this way.",
+            "rejected": "As an AI language model, I cannot help.",
         }
-        for s in SITUATIONS
+        for s in SITUATIONS[:n]
     ]
 
 
@@ -161,19 +162,20 @@ def test_reward_model_trains_and_scores(base_model_path, tmp_path):
 
     snap = snapshot_callback()
     settings = RewardModelSettings(
-        max_steps=3,  # shrunk from 50: enough to move the weights
-        batch_size=4,  # shrunk from 8
-        learning_rate=1e-3,  # large so that 3 steps visibly move the score head
-        heldout_fraction=0.2,  # 2 of the 10 pairs
-        max_length=128,  # shrunk from 384; the test pairs are ~60 tokens
+        max_steps=2,  # shrunk from 50: enough to move the weights
+        batch_size=2,  # shrunk from 8 pairs
+        learning_rate=1e-3,  # large so that 2 steps visibly move the score head
+        heldout_fraction=0.2,  # 1 of the 5 pairs
+        max_length=128,  # shrunk from 384; the test pairs are ~40 tokens
         save_steps=100,  # no mid-run checkpoint needed here
+        train_accuracy_pairs=2,  # shrunk from 256: scoring costs a forward pass per response
     )
     result = train_reward_model(
-        base_model_path, pairs(), settings, LORA, tmp_path / "rm", callbacks=[snap]
+        base_model_path, pairs(5), settings, LORA, tmp_path / "rm", callbacks=[snap]
     )
 
-    assert result.steps == 3 and [s for s, _ in result.loss_curve] == [1, 2, 3]
-    assert (result.n_train, result.n_heldout) == (8, 2)
+    assert result.steps == 2 and [s for s, _ in result.loss_curve] == [1, 2]
+    assert (result.n_train, result.n_heldout) == (4, 1)
     assert result.heldout_accuracy is not None and 0.0 <= result.heldout_accuracy <= 1.0
     assert result.train_accuracy is not None and 0.0 <= result.train_accuracy <= 1.0
     assert 0.0 < result.trainable_percent < 1.0  # LoRA + the score head only
@@ -190,7 +192,7 @@ def test_reward_model_trains_and_scores(base_model_path, tmp_path):
     reward = reward_model_reward(scorer, weight=2.0)
     assert reward.__name__ == "reward_model"
     p = [prompt(SITUATIONS[0])] * 2
-    c = [as_message(GOOD), as_message("whatever")]
+    c = [as_message("I'm here."), as_message("whatever")]
     assert reward(c, prompts=p) == pytest.approx([2 * s for s in scorer.score(p, c)])
     with pytest.raises(ValueError, match="needs the prompts"):
         reward(c)
@@ -199,7 +201,7 @@ def test_reward_model_trains_and_scores(base_model_path, tmp_path):
 def _heldout(settings: RewardModelSettings) -> list[dict]:
     from mascot_dag.lib.training.reward_model import split_pairs
 
-    return split_pairs(pairs(), settings.heldout_fraction, settings.seed)[1]
+    return split_pairs(pairs(5), settings.heldout_fraction, settings.seed)[1]
 
 
 # ---------------------------------------------------------------- GRPO
@@ -228,45 +230,25 @@ def grpo_settings(**overrides) -> GRPOSettings:
 
 
 @pytest.mark.slow
-def test_grpo_changes_lora_and_logs_rewards(base_model_path, tmp_path):
-    from mascot_dag.lib.training.grpo import train_grpo_adapter
+def test_grpo_trains_and_resumes_after_interruption(base_model_path, tmp_path):
+    """One GRPO run interrupted after step 1 (StopAfterSteps), then resumed to max_steps=2.
 
-    snap = snapshot_callback()
-    result = train_grpo_adapter(
-        base_model_path,
-        [prompt(s) for s in SITUATIONS[:2]],
-        [format_reward(other_names=["The Catalyst"]), hash_reward],
-        [1.0, 1.0],
-        grpo_settings(),
-        LORA,
-        tmp_path / "grpo",
-        callbacks=[snap],
-    )
-    assert result.steps == 2 and result.completed
-    assert [s for s, _ in result.reward_curve] == [1, 2]
-    assert [s for s, _ in result.kl_curve] == [1, 2]
-    assert set(result.reward_func_curves) == {"format_reward", "hash_reward"}
-    assert result.reward_start is not None and result.reward_end is not None
-    assert 0.0 < result.trainable_percent < 1.0
-    assert snap.changed("lora_B"), "GRPO did not change the LoRA weights"
-    assert (result.adapter_dir / "adapter_config.json").exists()
-
-
-@pytest.mark.slow
-def test_grpo_resumes_from_checkpoint(base_model_path, tmp_path):
+    A single two-step run covers both properties: the resumed step must change the LoRA weights
+    and log rewards/KL, and it must start from the checkpoint instead of from scratch.
+    """
     from mascot_dag.lib.training.grpo import StopAfterSteps, train_grpo_adapter
 
     args = (
         base_model_path,
         [prompt(s) for s in SITUATIONS[:2]],
-        [hash_reward],
-        None,
+        [format_reward(other_names=["The Catalyst"]), hash_reward],
+        [1.0, 1.0],
         grpo_settings(save_steps=1),  # checkpoint every step so that the interruption loses nothing
         LORA,
         tmp_path / "grpo",
     )
     first = train_grpo_adapter(*args, callbacks=[StopAfterSteps(1)])
-    assert first.steps == 1 and not first.completed
+    assert first.steps == 1 and not first.completed and first.resumed_from is None
     assert (tmp_path / "grpo" / "checkpoints" / "checkpoint-1").is_dir()
 
     snap = snapshot_callback()
@@ -278,8 +260,16 @@ def test_grpo_resumes_from_checkpoint(base_model_path, tmp_path):
         (tmp_path / "grpo" / "checkpoints" / "checkpoint-2" / "trainer_state.json").read_text()
     )
     assert state["global_step"] == 2
-    # The curve spans both runs: step 1 comes from the checkpoint's history.
+    assert snap.changed("lora_B"), "GRPO did not change the LoRA weights"
+
+    # The curves span both runs: step 1 comes from the checkpoint's history.
     assert [s for s, _ in second.reward_curve] == [1, 2]
+    assert [s for s, _ in second.kl_curve] == [1, 2]
+    assert set(second.reward_func_curves) == {"format_reward", "hash_reward"}
+    assert second.reward_start == first.reward_end
+    assert 0.0 < second.trainable_percent < 1.0
+    assert second.seconds_per_step and second.seconds_per_step > 0
+    assert (second.adapter_dir / "adapter_config.json").exists()
 
 
 # ---------------------------------------------------------------- SFT
@@ -379,7 +369,10 @@ def test_mlflow_registry_roundtrip(base_model_path, tmp_path, home):
 
     tok = AutoTokenizer.from_pretrained(str(v1_dir))
     ids = tok.apply_chat_template(
-        prompt("I failed my exam."), add_generation_prompt=True, return_tensors="pt", return_dict=True
+        prompt("I failed my exam."),
+        add_generation_prompt=True,
+        return_tensors="pt",
+        return_dict=True,
     )
     out = model.generate(**ids, max_new_tokens=5, do_sample=False)
     new_tokens = out[0, ids["input_ids"].shape[1] :]

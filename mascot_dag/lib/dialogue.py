@@ -14,11 +14,11 @@ Openings: support mode starts with the user's turn taken from the context (its f
 else the situation); meeting mode starts with a "moderator" turn holding the context's first query
 (else the topic). Both are data, not generated (model_used "context", role "user").
 
-Agent prompt: the persona system prompt (or a generic assistant one for MASCOT-P) and ONE user
-message holding the context, the last `HISTORY_TURNS` turns as "Name: text" lines and the
-directive. A single transcript message, rather than alternating user/assistant messages, because
-in a group the other agents' turns are not this model's own: as "assistant" messages the model
-would treat them as its own voice.
+Agent prompt: the persona system prompt (or a generic assistant one for MASCOT-P) followed by the
+directive ("Your director asks you to: <action>, in a <tone> tone."), and ONE user message holding
+the context and the last `HISTORY_TURNS` turns as "Name: text" lines. A single transcript
+message, rather than alternating user/assistant messages, because in a group the other agents'
+turns are not this model's own: as "assistant" messages the model would take them as its voice.
 """
 
 from __future__ import annotations
@@ -100,7 +100,10 @@ def _seed(base: int, turn_idx: int, kind: int) -> int:
     return (base * 1_000_003 + turn_idx * 7_919 + kind) % 2**31
 
 
-_LABEL = re.compile(r"^[\s*_\"'>-]*([A-Za-z][A-Za-z0-9' ._-]{0,40}?)[\s*_\"']*:\s*")
+# "<name>:" or "<name> (<id>):", optionally in markdown bold or quotes.
+_LABEL = re.compile(
+    r"^[\s*_\"'>-]*([A-Za-z][A-Za-z0-9' ._-]{0,40}?)\s*(?:\(([a-z0-9_ ]{1,40})\))?[\s*_\"']*:\s*"
+)
 
 
 def clean_agent_text(text: str, roster: list[PersonaCard]) -> str:
@@ -109,8 +112,8 @@ def clean_agent_text(text: str, roster: list[PersonaCard]) -> str:
     A label is "<name>:" at the start of a line where name is a roster name or id (with or without
     "The"), user, moderator, assistant or companion. The first line's label is removed (models
     prefix their own name); any LATER line opening with a label ends the turn, because from there
-    on the model is writing the next speaker's part. If that leaves nothing, the first line with
-    its label removed is kept, so a turn is never silently empty when the model said something.
+    on the model is writing the next speaker's part. If that leaves nothing, the first non-empty
+    line with its label removed is kept: a turn is never silently empty when the model said a thing.
     """
     names = {"user", "moderator", "assistant", "companion", "you"}
     for c in roster:
@@ -130,9 +133,9 @@ def clean_agent_text(text: str, roster: list[PersonaCard]) -> str:
             break
         kept.append(line[m.end() :] if m else line)
     out = "\n".join(kept).strip()
-    if not out and lines:
-        m = _LABEL.match(lines[0])
-        out = (lines[0][m.end() :] if m else lines[0]).strip()
+    if not out:  # e.g. "The Anchor:" alone, then another speaker: keep the first words said
+        stripped = (ln[m.end() :] if (m := _LABEL.match(ln)) else ln for ln in lines)
+        out = next((x.strip() for x in stripped if x.strip()), "")
     return out
 
 
@@ -188,18 +191,20 @@ def _agent_request(
         ask = f"Write your next turn as {card.name}."
     else:
         system, ask = GENERIC_SYSTEM, "Write your next turn."
-    parts = [
-        f"Context:\n{' '.join(spec.context.text.split())[:CONTEXT_CHARS]}",
-        f"Conversation so far:\n{format_history(st.history(), spec.roster, HISTORY_TURNS)}",
-    ]
     if directive is not None:
-        parts.append(
-            f"Your director asks you to: {directive['action']}, in a {directive['tone']} tone."
+        # In the system prompt, not after the transcript: the 135M model parrots an instruction
+        # that closes the user message ("I'll respond to ... in a warm tone").
+        system += (
+            f"\nYour director asks you to: {directive['action']}, in a {directive['tone']} tone."
         )
-    parts.append(ask)
+    history = format_history(st.history(), spec.roster, HISTORY_TURNS, with_ids=False)
+    user = (
+        f"Context:\n{' '.join(spec.context.text.split())[:CONTEXT_CHARS]}\n\n"
+        f"Conversation so far:\n{history}\n\n{ask}"
+    )
     messages: tuple[Message, ...] = (
         {"role": "system", "content": system},
-        {"role": "user", "content": "\n\n".join(parts)},
+        {"role": "user", "content": user},
     )
     sampling = SamplingParams(
         max_new_tokens=config.max_new_tokens_agent,
@@ -227,8 +232,9 @@ def _user_request(st: _State, config: DialogueConfig, idx: int) -> ChatRequest:
         temperature=config.temperature,
         seed=_seed(spec.seed, idx, 2),
     )
-    return ChatRequest(({"role": "system", "content": system}, {"role": "user", "content": user}),
-                       sampling)
+    return ChatRequest(
+        ({"role": "system", "content": system}, {"role": "user", "content": user}), sampling
+    )
 
 
 def _pick_without_director(st: _State, config: DialogueConfig) -> str:
@@ -244,8 +250,13 @@ def _directives(states: list[_State], generate: ChatFn, config: DialogueConfig) 
     """Director decisions for all states: one chat call per attempt round (first, then retries)."""
     turns = [
         DirectorTurn(
-            st.spec.context.text, st.spec.roster, st.history(), st.spec.mode,
-            len(st.turns), st.last_agent, config.no_repeat,
+            st.spec.context.text,
+            st.spec.roster,
+            st.history(),
+            st.spec.mode,
+            len(st.turns),
+            st.last_agent,
+            config.no_repeat,
         )
         for st in states
     ]
@@ -257,8 +268,11 @@ def _directives(states: list[_State], generate: ChatFn, config: DialogueConfig) 
         reqs = [
             ChatRequest(
                 tuple(t.pending() or ()),
-                SamplingParams(config.max_new_tokens_director, temperature,
-                               seed=_seed(st.spec.seed, len(st.turns), 10 + attempt)),
+                SamplingParams(
+                    config.max_new_tokens_director,
+                    temperature,
+                    seed=_seed(st.spec.seed, len(st.turns), 10 + attempt),
+                ),
                 config.director_adapter,
             )
             for st, t in todo
@@ -280,7 +294,8 @@ def run_dialogues(
     generate: ChatFn = chat.generate if hasattr(chat, "generate") else chat
     ids = [s.dialogue_id for s in specs]
     if len(set(ids)) != len(ids):
-        raise ValueError(f"duplicate dialogue_id in specs: {sorted({i for i in ids if ids.count(i) > 1})}")
+        dupes = sorted({i for i in ids if ids.count(i) > 1})
+        raise ValueError(f"run_dialogues: duplicate dialogue_id in specs: {dupes}")
     states = [_State(s, rng=random.Random(s.seed)) for s in specs]
     for st in states:
         speaker, text = _opening(st.spec)
@@ -306,8 +321,10 @@ def run_dialogues(
                 st.directives.append({"dialogue_id": st.spec.dialogue_id, "turn_idx": idx, **d})
 
         users = [
-            st for st in active
-            if st.spec.mode == "support" and not st.done
+            st
+            for st in active
+            if st.spec.mode == "support"
+            and not st.done
             and st.n_agent % config.agents_per_round == 0
         ]
         if users:
@@ -320,10 +337,12 @@ def run_dialogues(
 def _record(st: _State, config: DialogueConfig, stage: str, method: str) -> DialogueRecord:
     spec = st.spec
     models = {
-        "personas": {c.persona_id: config.persona_adapters.get(c.persona_id) or "base"
-                     for c in spec.roster},
+        "personas": {
+            c.persona_id: config.persona_adapters.get(c.persona_id) or "base" for c in spec.roster
+        },
         "director": (config.director_adapter or "base")
-        if config.speaker_policy == "director" else None,
+        if config.speaker_policy == "director"
+        else None,
         "speaker_policy": config.speaker_policy,
         "persona_grounding": config.persona_grounding,
         "prompt_style": config.prompt_style,

@@ -55,21 +55,22 @@ class Directive:
     tone: str
 
 
-def _label(speaker: str, roster: list[PersonaCard]) -> str:
+def _label(speaker: str, roster: list[PersonaCard], with_id: bool = True) -> str:
     card = next((c for c in roster if c.persona_id == speaker), None)
     if card is not None:
-        return f"{card.name} ({card.persona_id})"
+        return f"{card.name} ({card.persona_id})" if with_id else card.name
     return speaker.capitalize()
 
 
 def format_history(
-    history: list[dict], roster: list[PersonaCard], n: int = HISTORY_TURNS
+    history: list[dict], roster: list[PersonaCard], n: int = HISTORY_TURNS, with_ids: bool = True
 ) -> str:
-    """The last `n` turns as "Name (id): text" lines, each cut to HISTORY_TURN_CHARS."""
+    """The last `n` turns as "Name (id): text" lines (ids only for the director, who answers
+    with one), each cut to HISTORY_TURN_CHARS."""
     lines = []
     for turn in history[-n:] if n > 0 else []:
         text = " ".join(str(turn.get("text", "")).split())[:HISTORY_TURN_CHARS]
-        lines.append(f"{_label(str(turn.get('speaker', '?')), roster)}: {text}")
+        lines.append(f"{_label(str(turn.get('speaker', '?')), roster, with_ids)}: {text}")
     return "\n".join(lines) if lines else "(nothing yet)"
 
 
@@ -197,9 +198,12 @@ def fallback_speaker(
     return min(rotated, key=lambda p: counts[p])  # min keeps the first of equals
 
 
-def fallback_directive(card: PersonaCard, mode: str) -> Directive:
-    action = f"respond to the latest message from your perspective as {card.role}"
-    return Directive(card.persona_id, action[:MAX_ACTION_CHARS], "warm" if mode == "support" else "constructive")
+def fallback_directive(card: PersonaCard, mode: str, turn_idx: int = 0) -> Directive:
+    """The fallback's action is one of the persona's own card behaviours (rotated by turn), so a
+    fallback turn is still in role and says something concrete for the agent to do."""
+    action = card.behaviours[turn_idx % len(card.behaviours)]
+    tone = "warm" if mode == "support" else "constructive"
+    return Directive(card.persona_id, action[:MAX_ACTION_CHARS], tone)
 
 
 @dataclass
@@ -263,7 +267,7 @@ class DirectorTurn:
             self.roster, self.history, self.turn_idx, self.last_speaker, self.no_repeat
         )
         card = next(c for c in self.roster if c.persona_id == pid)
-        self.directive = fallback_directive(card, self.mode)
+        self.directive = fallback_directive(card, self.mode, self.turn_idx)
         self.status = "fallback"
 
     def record(self) -> dict:

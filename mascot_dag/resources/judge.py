@@ -19,7 +19,9 @@ from mascot_dag.resources.llm import ChatModelResource
 class EmbeddedJudgeResource(dg.ConfigurableResource):
     """Deterministic CPU judge (MiniLM embeddings, VADER/NRC lexicons, format checks)."""
 
-    device: str = Field(default="cpu", description="Where MiniLM runs; CPU keeps scores deterministic.")
+    device: str = Field(
+        default="cpu", description="Where MiniLM runs; CPU keeps scores deterministic."
+    )
 
     _judge: Any = PrivateAttr(default=None)
     _lock: Any = PrivateAttr(default_factory=threading.Lock)
@@ -46,7 +48,9 @@ class LLMJudgeResource(dg.ConfigurableResource):
         with self._lock:
             if self._judge is None:
                 self._judge = LLMJudge(
-                    self.chat.generate, name=self.name, max_retries=self.max_retries,
+                    self.chat.generate,
+                    name=self.name,
+                    max_retries=self.max_retries,
                     max_new_tokens=self.max_new_tokens,
-                )  # fmt: skip
+                )
             return self._judge

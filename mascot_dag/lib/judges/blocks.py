@@ -24,7 +24,9 @@ def score_block(judge: EmbeddedJudge, item: BlockItem, ctx: str) -> list[Score]:
     turns = [(s, F.strip_judge_directed(t)[0]) for s, t in raw]
     agent_idx = [i for i, (s, _) in enumerate(turns) if s != USER_SPEAKER]
     if not agent_idx:
-        return [_to_score(c, 0.0, "no agent turns: every criterion is 1") for c in COLLECTIVE_CRITERIA]
+        return [
+            _to_score(c, 0.0, "no agent turns: every criterion is 1") for c in COLLECTIVE_CRITERIA
+        ]
     cards = {c.persona_id: c for c in item.roster}
     texts = [t for _, t in turns]
     cos = judge._cos
@@ -66,30 +68,56 @@ def score_block(judge: EmbeddedJudge, item: BlockItem, ctx: str) -> list[Score]:
     # fidelity = mean per-turn fidelity of agent turns whose speaker has a card
     if fids:
         note = f"; no card for {sorted(missing)}" if missing else ""
-        out.append(_to_score("fidelity", sum(fids) / len(fids),
-                             f"mean_turn_fidelity={sum(fids) / len(fids):.3f} over {len(fids)} turns{note}"))  # fmt: skip
+        out.append(
+            _to_score(
+                "fidelity",
+                sum(fids) / len(fids),
+                f"mean_turn_fidelity={sum(fids) / len(fids):.3f} over {len(fids)} turns{note}",
+            )
+        )
     else:
-        out.append(Score("fidelity", None, f"no persona card for speakers {sorted(missing)}", status="failed"))
+        out.append(
+            Score(
+                "fidelity", None, f"no persona card for speakers {sorted(missing)}", status="failed"
+            )
+        )
 
     # originality_specificity = 0.4 mean novelty + 0.3 distinct-2 of all agent text
     #   + 0.3 mean specificity
     nov, spec = sum(novs) / n, sum(specs) / n
     d2 = F.distinct_n(" \n ".join(texts[i] for i in agent_idx), 2)
-    out.append(_to_score("originality_specificity", 0.4 * nov + 0.3 * d2 + 0.3 * spec,
-                         f"novelty={nov:.3f} distinct2={d2:.3f} specificity={spec:.3f}"))  # fmt: skip
+    out.append(
+        _to_score(
+            "originality_specificity",
+            0.4 * nov + 0.3 * d2 + 0.3 * spec,
+            f"novelty={nov:.3f} distinct2={d2:.3f} specificity={spec:.3f}",
+        )
+    )
 
     # relevance_coherence = 0.6 mean relevance of agent turns + 0.4 mean ramp(cos consecutive
     #   turns, 0.05, 0.5); a single turn's coherence is its relevance
     rel = sum(rels) / n
-    pairs = [(texts[i - 1], texts[i]) for i in range(1, len(texts)) if texts[i - 1].strip() and texts[i].strip()]
+    pairs = [
+        (texts[i - 1], texts[i])
+        for i in range(1, len(texts))
+        if texts[i - 1].strip() and texts[i].strip()
+    ]
     coh = sum(_ramp(cos(a, b), 0.05, 0.5) for a, b in pairs) / len(pairs) if pairs else rel
-    out.append(_to_score("relevance_coherence", 0.6 * rel + 0.4 * coh,
-                         f"relevance={rel:.3f} coherence={coh:.3f}"))  # fmt: skip
+    out.append(
+        _to_score(
+            "relevance_coherence", 0.6 * rel + 0.4 * coh, f"relevance={rel:.3f} coherence={coh:.3f}"
+        )
+    )
 
     # engagement_contribution = 0.8 fraction of agent turns that contribute + 0.2 speaker coverage
     frac = sum(contrib) / n
     speakers = {turns[i][0] for i in agent_idx}
     coverage = min(1.0, len(speakers) / len(cards)) if cards else 1.0
-    out.append(_to_score("engagement_contribution", 0.8 * frac + 0.2 * coverage,
-                         f"contributing={sum(contrib)}/{n} echoes={echoes} coverage={coverage:.2f}"))  # fmt: skip
+    out.append(
+        _to_score(
+            "engagement_contribution",
+            0.8 * frac + 0.2 * coverage,
+            f"contributing={sum(contrib)}/{n} echoes={echoes} coverage={coverage:.2f}",
+        )
+    )
     return out

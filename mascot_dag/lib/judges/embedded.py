@@ -22,11 +22,10 @@ import numpy as np
 from mascot_dag.lib.judges import features as F
 from mascot_dag.lib.judges.base import BlockItem, ResponseItem, mean_score
 from mascot_dag.lib.personas import PersonaCard
-from mascot_dag.lib.types import AGENT_CRITERIA, COLLECTIVE_CRITERIA, Score
+from mascot_dag.lib.types import AGENT_CRITERIA, Score
 
 _MODELS: dict[str, object] = {}  # one SentenceTransformer per device for the whole process
 
-MAX_CHARS = 1200  # a companion turn is 2-3 sentences; past this it is a monologue
 ECHO_COS = 0.9  # a turn this close to an earlier one repeats it (paraphrase level for MiniLM)
 
 # ESConv support strategies (question, restatement, reflection, self-disclosure, affirmation,
@@ -107,11 +106,13 @@ class EmbeddedJudge:
         model = self._model()
         ids = model.tokenizer(todo, truncation=True, max_length=model.max_seq_length)["input_ids"]
         buckets: dict[int, list[str]] = {}
-        for text, toks in zip(todo, ids):
+        for text, toks in zip(todo, ids, strict=True):
             buckets.setdefault(len(toks), []).append(text)
         for group in buckets.values():
-            vecs = model.encode(group, batch_size=self.batch_size, normalize_embeddings=True, convert_to_numpy=True)
-            self._vecs.update(zip(group, np.asarray(vecs, dtype=np.float32)))
+            vecs = model.encode(
+                group, batch_size=self.batch_size, normalize_embeddings=True, convert_to_numpy=True
+            )
+            self._vecs.update(zip(group, np.asarray(vecs, dtype=np.float32), strict=True))
 
     def _v(self, text: str) -> np.ndarray:
         return self._vecs[text]
@@ -157,8 +158,16 @@ class EmbeddedJudge:
         n_copied = F.copied_grams(text, self._persona(card).grams)
         copy = min(0.6, 0.15 * n_copied)
         value = _clip01(fid * (0.1 + 0.9 * gate) - copy)
-        return {"own": own, "other": other, "margin": own - other, "rel": rel, "gate": gate,
-                "n_copied": n_copied, "copy": copy, "value": value}  # fmt: skip
+        return {
+            "own": own,
+            "other": other,
+            "margin": own - other,
+            "rel": rel,
+            "gate": gate,
+            "n_copied": n_copied,
+            "copy": copy,
+            "value": value,
+        }
 
     def _novelty(self, text: str, earlier: list[str], ctx: str) -> float:
         """1 - max cos to earlier turns; with none, only parroting the context (cos > 0.7) costs."""
@@ -170,15 +179,21 @@ class EmbeddedJudge:
     def score_responses(self, items: list[ResponseItem]) -> list[list[Score]]:
         ctxs = [_clean_context(it.context_text) for it in items]
         # features are computed on the reply without sentences addressed to the evaluator, so such
-        # a sentence can only cost (the cap in _format_caps), never add novelty or emotion words
+        # a sentence can only cost (features.format_caps), never add novelty or emotion words
         texts = [F.strip_judge_directed(it.response)[0] for it in items]
-        self._prepare(ctxs, [t for it, r in zip(items, texts) for t in (r, *it.history)],
-                      [c for it in items for c in (it.persona, *it.roster)])  # fmt: skip
-        return [self._score_response(it, r, ctx) for it, r, ctx in zip(items, texts, ctxs)]
+        self._prepare(
+            ctxs,
+            [t for it, r in zip(items, texts, strict=True) for t in (r, *it.history)],
+            [c for it in items for c in (it.persona, *it.roster)],
+        )
+        rows = zip(items, texts, ctxs, strict=True)
+        return [self._score_response(it, r, ctx) for it, r, ctx in rows]
 
     def _score_response(self, it: ResponseItem, text: str, ctx: str) -> list[Score]:
         if not text.strip():
-            return [_to_score(c, 0.0, "empty response: every criterion is 1") for c in AGENT_CRITERIA]
+            return [
+                _to_score(c, 0.0, "empty response: every criterion is 1") for c in AGENT_CRITERIA
+            ]
         fid = self._fidelity(text, it.persona, it.roster, ctx)
         rel, gate = fid["rel"], fid["gate"]
         rel01 = _ramp(rel, REL_LO, REL_HI)
@@ -189,8 +204,10 @@ class EmbeddedJudge:
         #   + 0.2 min(1, NRC emotion-word density / 0.2)) * (0.5 + 0.5 gate)
         a = F.affect(text)
         x["emotional_expressiveness"] = (
-            0.5 * abs(a.compound) + 0.3 * min(1.0, len(a.emotions) / 3) + 0.2 * min(1.0, a.emotion_density / 0.2)
-        ) * (0.5 + 0.5 * gate)  # fmt: skip
+            0.5 * abs(a.compound)
+            + 0.3 * min(1.0, len(a.emotions) / 3)
+            + 0.2 * min(1.0, a.emotion_density / 0.2)
+        ) * (0.5 + 0.5 * gate)
         why["emotional_expressiveness"] = (
             f"vader_compound={a.compound:.3f} nrc_emotions={list(a.emotions)} "
             f"emotion_density={a.emotion_density:.3f} gate={gate:.3f}"
@@ -217,16 +234,20 @@ class EmbeddedJudge:
         x["response_relevance"] = rel01  # ramp(cos(reply, context), REL_LO, REL_HI)
         why["response_relevance"] = f"cos_context={rel:.3f}"
 
-        # social_contribution = (0.45 novelty + 0.25 distinct-2 + 0.3 min(1, new content words / 10))
-        #   * (0.4 + 0.6 gate); new = content words absent from the context and history
+        # social_contribution = (0.45 novelty + 0.25 distinct-2 + 0.3 min(1, new words / 10))
+        #   * (0.4 + 0.6 gate); new words = content words absent from the context and history
         nov = self._novelty(text, it.history, ctx)
         d2 = F.distinct_n(text, 2)
         seen = F.content_words(ctx).union(*(F.content_words(h) for h in it.history))
         new = len(F.content_words(text) - seen)
-        x["social_contribution"] = (0.45 * nov + 0.25 * d2 + 0.3 * min(1.0, new / 10)) * (0.4 + 0.6 * gate)
+        x["social_contribution"] = (0.45 * nov + 0.25 * d2 + 0.3 * min(1.0, new / 10)) * (
+            0.4 + 0.6 * gate
+        )
         why["social_contribution"] = f"novelty={nov:.3f} distinct2={d2:.3f} new_content_words={new}"
 
-        caps, notes = self._format_caps(it.response, it.persona, it.roster)
+        caps, notes = F.format_caps(
+            it.response, [c.name for c in it.roster if c.persona_id != it.persona.persona_id]
+        )
         out = []
         for c in AGENT_CRITERIA:
             value = min(_clip01(x[c]), caps.get(c, caps.get("*", 1.0)))
@@ -235,41 +256,17 @@ class EmbeddedJudge:
             out.append(_to_score(c, value, why[c] + "".join(f"; {n}" for n in notes)))
         return out
 
-    @staticmethod
-    def _format_caps(text: str, card: PersonaCard, roster: list[PersonaCard]) -> tuple[dict, list]:
-        """Format penalties, as caps on the [0, 1] value (cap 0.25 = score 2):
-
-        - text addressed to the evaluator ("ignore the rubric ...") -> every criterion <= 2
-        - role break ("as an AI", "language model") -> consistency 1, others <= 2
-        - writing another speaker's line ("Beacon: ...", "User: ...") -> consistency 1, others <= 2
-        - over MAX_CHARS characters -> every criterion minus 1 point (0.25)
-        """
-        caps: dict[str, float] = {}
-        notes: list[str] = []
-        if F.strip_judge_directed(text)[1]:
-            caps["*"] = 0.25
-            notes.append("addresses the evaluator: capped at 2")
-        if F.ROLE_BREAK.search(text):
-            caps.update({"*": 0.25, "consistency": 0.0})
-            notes.append("role break: consistency 1, others capped at 2")
-        other = F.speaks_for_other(text, [c.name for c in roster if c.persona_id != card.persona_id]
-                                   + ["User"])  # fmt: skip
-        if other:
-            caps.update({"*": 0.25, "consistency": 0.0})
-            notes.append(f"speaks for {other}: consistency 1, others capped at 2")
-        if len(text) > MAX_CHARS:
-            caps["long"] = 0.25
-            notes.append(f"{len(text)} chars > {MAX_CHARS}: minus 1 point")
-        return caps, notes
-
     # ---- collective -------------------------------------------------------------------------
     def score_blocks(self, items: list[BlockItem]) -> list[list[Score]]:
         from mascot_dag.lib.judges.blocks import score_block
 
         ctxs = [_clean_context(it.context_text) for it in items]
-        self._prepare(ctxs, [F.strip_judge_directed(str(t.get("text", "")))[0] for it in items for t in it.turns],
-                      [c for it in items for c in it.roster])  # fmt: skip
-        return [score_block(self, it, ctx) for it, ctx in zip(items, ctxs)]
+        self._prepare(
+            ctxs,
+            [F.strip_judge_directed(str(t.get("text", "")))[0] for it in items for t in it.turns],
+            [c for it in items for c in it.roster],
+        )
+        return [score_block(self, it, ctx) for it, ctx in zip(items, ctxs, strict=True)]
 
     def pick_best(
         self, context_text: str, options: list[list[dict]], roster: list[PersonaCard] | None = None
@@ -283,7 +280,10 @@ class EmbeddedJudge:
         if roster is None:
             ids = {t.get("speaker") for o in options for t in o}
             roster = [c for c in self._cards() if c.persona_id in ids]
-        means = [mean_score(s) for s in self.score_blocks([BlockItem(context_text, roster, o) for o in options])]
+        means = [
+            mean_score(s)
+            for s in self.score_blocks([BlockItem(context_text, roster, o) for o in options])
+        ]
         best = None
         for i, m in enumerate(means):
             if m is not None and (best is None or m > means[best]):
@@ -311,7 +311,7 @@ def _card_texts(card: PersonaCard) -> list[str]:
 
 
 def _clean_context(text: str) -> str:
-    """Context as embedded: ED's `_comma_` restored, sentences addressed to the evaluator dropped."""
+    """Context as embedded: ED's `_comma_` restored, sentences addressed to the judge dropped."""
     text = text.replace("_comma_", ",")
     return F.strip_judge_directed(text)[0] or text
 

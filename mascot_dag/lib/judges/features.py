@@ -1,4 +1,4 @@
-"""Text features for the embedded judge: tokens, distinct-n, copied n-grams, lexicons, format checks.
+"""Text features of the embedded judge: tokens, distinct-n, copied n-grams, lexicons, format checks.
 
 Pure functions over strings, no model. The lexicons (VADER valence, NRC emotions) ship inside their
 packages and work offline; NRCLex is fed our own tokens because its `load_raw_text` needs TextBlob
@@ -21,13 +21,14 @@ STOPWORDS = frozenset(
     where why how all any both each few more most other some such no not nor only own same too very
     can could will would should may might must shall just also to of in on at by for with about as
     into through during before after above below from up down out off over under again further once
-    here there there's let's let's get got go going really much many one ok okay yes yeah oh well""".split()
+    here there there's let's get got go going really much many one ok okay yes yeah oh well
+    """.split()
 )
 
 # Role breaks: the speaker steps out of the persona into "assistant/model" talk.
 ROLE_BREAK = re.compile(
-    r"\bas an ai\b|\blanguage model\b|\bi(?:'m| am) (?:an? )?(?:ai )?assistant\b|\bi(?:'m| am) an ai\b"
-    r"|\bas a (?:virtual|digital|ai) (?:assistant|companion)\b",
+    r"\bas an ai\b|\blanguage model\b|\bi(?:'m| am) (?:an? )?(?:ai )?assistant\b"
+    r"|\bi(?:'m| am) an ai\b|\bas a (?:virtual|digital|ai) (?:assistant|companion)\b",
     re.IGNORECASE,
 )
 
@@ -75,17 +76,19 @@ def copied_grams(response: str, card_grams: set[tuple[str, ...]], n: int = 4) ->
 
 
 def strip_judge_directed(text: str) -> tuple[str, bool]:
-    """Remove sentences addressed to the evaluator; returns (cleaned text, whether any were found)."""
+    """Drop sentences addressed to the evaluator; returns (cleaned text, whether any were found)."""
     cleaned, n = JUDGE_DIRECTED.subn(" ", text)
     return (re.sub(r"\s+", " ", cleaned).strip() if n else text), n > 0
 
 
 def speaks_for_other(response: str, other_names: list[str]) -> str | None:
-    """The first other speaker the response writes a line for ("Beacon: ...", "User: ..."), if any."""
+    """The first other speaker the response writes a line for ("Beacon: ...", "User: ...")."""
     for name in other_names:
         variants = {name, re.sub(r"^the\s+", "", name, flags=re.IGNORECASE)}
         for v in variants:
-            if v and re.search(rf"(?:^|\n|\s)(?:the\s+)?{re.escape(v)}\s*:", response, re.IGNORECASE):
+            if v and re.search(
+                rf"(?:^|\n|\s)(?:the\s+)?{re.escape(v)}\s*:", response, re.IGNORECASE
+            ):
                 return name
     return None
 
@@ -122,3 +125,33 @@ def affect(text: str) -> Affect:
     words = getattr(lex, "affect_dict", {}) or {}
     emo_tokens = sum(1 for t in toks if set(words.get(t, ())) & set(NRC_EMOTIONS))
     return Affect(compound, present, emo_tokens / len(toks))
+
+
+MAX_CHARS = 1200  # a companion turn is 2-3 sentences; past this it is a monologue
+
+
+def format_caps(text: str, other_names: list[str]) -> tuple[dict[str, float], list[str]]:
+    """Format penalties of one reply, as caps on a criterion's [0, 1] value (cap 0.25 = score 2):
+
+    - text addressed to the evaluator ("ignore the rubric ...") -> every criterion <= 2
+    - role break ("as an AI", "language model") -> consistency 1, others <= 2
+    - writing another speaker's line ("Beacon: ...", "User: ...") -> consistency 1, others <= 2
+    - over MAX_CHARS characters -> every criterion minus 1 point ("long": 0.25 subtracted)
+    Key "*" caps every criterion not named explicitly.
+    """
+    caps: dict[str, float] = {}
+    notes: list[str] = []
+    if strip_judge_directed(text)[1]:
+        caps["*"] = 0.25
+        notes.append("addresses the evaluator: capped at 2")
+    if ROLE_BREAK.search(text):
+        caps.update({"*": 0.25, "consistency": 0.0})
+        notes.append("role break: consistency 1, others capped at 2")
+    other = speaks_for_other(text, [*other_names, "User"])
+    if other:
+        caps.update({"*": 0.25, "consistency": 0.0})
+        notes.append(f"speaks for {other}: consistency 1, others capped at 2")
+    if len(text) > MAX_CHARS:
+        caps["long"] = 0.25
+        notes.append(f"{len(text)} chars > {MAX_CHARS}: minus 1 point")
+    return caps, notes

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import threading
 import time
@@ -185,6 +186,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     args = ap.parse_args(argv)
+    # Before torch loads: spinning OpenMP workers slow generation ~10x on a shared, busy CPU.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
     from mascot_dag.lib.llm.transformers_backend import TransformersChat
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import sys
 import threading
 from collections import defaultdict
 from pathlib import Path
@@ -65,6 +66,10 @@ class TransformersChat:
         threads: int | None = None,
         max_prompt_tokens: int = MAX_PROMPT_TOKENS,
     ) -> None:
+        if "torch" not in sys.modules:
+            # Spinning OpenMP workers make generation ~10x slower on a shared, busy CPU (measured
+            # on 2 cores); passive waiting costs nothing when the CPU is free. Read at torch load.
+            os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 

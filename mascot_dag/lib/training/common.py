@@ -26,7 +26,7 @@ def trainer_kwargs(settings: _TrainSettings, checkpoint_dir: Path) -> dict[str, 
         "data_seed": settings.seed,
         "use_cpu": settings.use_cpu,
         "bf16": settings.bf16,
-        # transformers 5 renamed gradient_checkpointing (deprecated alias) to activation_checkpointing.
+        # transformers 5 name; gradient_checkpointing is its deprecated alias (and warns).
         "activation_checkpointing": settings.gradient_checkpointing,
         # MLflow logging happens in the assets (lib.tracking), from the curves we return.
         "report_to": "none",

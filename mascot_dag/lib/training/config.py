@@ -111,6 +111,10 @@ class RewardModelSettings(_TrainSettings):
     max_length: int = field(
         default=384, metadata={"help": "Pairs whose prompt+response is longer are dropped (TRL)."}
     )
+    train_accuracy_pairs: int = field(
+        default=256,
+        metadata={"help": "Train pairs scored after training for train accuracy (0 skips it)."},
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -121,6 +125,11 @@ class RewardModelSettings(_TrainSettings):
         _check(
             self.max_length >= 16,
             f"RewardModelSettings.max_length must be >= 16 tokens, got {self.max_length}",
+        )
+        _check(
+            self.train_accuracy_pairs >= 0,
+            "RewardModelSettings.train_accuracy_pairs must be >= 0, "
+            f"got {self.train_accuracy_pairs}",
         )
 
 

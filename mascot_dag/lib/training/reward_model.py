@@ -239,7 +239,8 @@ def train_reward_model(
     scorer = RewardScorer.from_model(
         trainer.model, tokenizer, batch_size=settings.batch_size, max_length=settings.max_length
     )
-    train_acc, _ = scorer.accuracy(train)
+    # Scoring is a forward pass per response: cap the train side, the held-out side is the measure.
+    train_acc, _ = scorer.accuracy(train[: settings.train_accuracy_pairs])
     held_acc, margins = scorer.accuracy(heldout)
     return RewardModelResult(
         adapter_dir=adapter_dir,

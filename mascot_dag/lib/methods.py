@@ -1,0 +1,458 @@
+"""Evaluation methods: MASCOT, its ablations and single-agent baselines, all via `run_dialogues`.
+
+Every method runs the SAME specs (contexts, simulated users, seeds) through the same lockstep turn
+structure; a method only changes the roster, the `DialogueConfig` and a wrapper around the chat
+function (`method_plan`). Single-agent baselines speak as one generic `ASSISTANT` with
+`persona_grounding=False`, so their agent requests carry `GENERIC_SYSTEM` as system message: the
+wrapper recognises exactly those and rewrites them (prompt, sampling, extra calls); the simulated
+user's requests pass through unchanged, so every method faces the same user simulator.
+
+- zero_shot / few_shot: a plain supportive-assistant system prompt (few_shot: + 3 examples).
+- *_cot: the model writes "Thoughts: ... Response: ..."; only the response is kept
+  (`extract_cot_response`). It gets `COT_BUDGET_FACTOR` x the agent budget, because thoughts and
+  response share one generation and the response would otherwise be cut off.
+- self_consistency: `SC_SAMPLES` samples per request (derived seeds, one batched call); the sample
+  agreeing most with the others (mean token Jaccard) wins (`most_consistent`).
+- sft: the zero-shot prompt through the SFT LoRA adapter (`sft_examples` builds its data).
+- multiagent_esc: analysis -> 4 strategy proposals -> final response, each stage ONE batched call.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Callable
+
+from mascot_dag.lib.dialogue import (
+    GENERIC_SYSTEM,
+    ChatFn,
+    DialogueConfig,
+    DialogueRecord,
+    DialogueSpec,
+    run_dialogues,
+)
+from mascot_dag.lib.personas import PersonaCard
+from mascot_dag.lib.types import ChatRequest, ChatResult, Context, Message
+
+METHODS: tuple[str, ...] = (
+    "zero_shot",
+    "zero_shot_cot",
+    "few_shot",
+    "few_shot_cot",
+    "self_consistency",
+    "sft",
+    "multiagent_esc",
+    "mascot",
+    "mascot_p",
+    "mascot_c",
+)
+SINGLE_AGENT: tuple[str, ...] = METHODS[:7]
+Wrap = Callable[[ChatFn], ChatFn]
+
+ASSISTANT = PersonaCard(
+    persona_id="assistant",
+    persona_set="baseline",
+    name="Assistant",
+    role="a supportive assistant",
+    description="A single helpful assistant that listens and replies with care.",
+    behaviours=["acknowledge the person's feelings", "respond to what was actually said"],
+    avoid=["lecturing", "long answers"],
+    examples=[
+        "That sounds really hard. How are you holding up?",
+        "It makes sense that you feel that way after all of this.",
+        "Would it help to talk through what happened step by step?",
+    ],
+)
+
+ZERO_SHOT_SYSTEM = (
+    "You are a supportive assistant. Read the conversation and reply to the latest turn with one "
+    "short, warm and helpful turn (2-3 sentences)."
+)
+COT_INSTRUCTION = (
+    "Before replying, think briefly about how the person feels and what would help. Answer in "
+    "exactly this format:\nThoughts: <one or two sentences>\nResponse: <your reply>"
+)
+FEW_SHOT_EXAMPLES: tuple[tuple[str, str], ...] = (
+    (
+        "I didn't get the job I interviewed for last week.",
+        "I'm sorry, that's a real disappointment after all the effort you put in. "
+        "What part of it is weighing on you most?",
+    ),
+    (
+        "My best friend is moving to another country next month.",
+        "That's a big change, and it's natural to feel sad about it. "
+        "Have you two talked about how you'll stay in touch?",
+    ),
+    (
+        "We can't agree on which feature to build first.",
+        "Both options have merit, so it may help to list what each one unblocks. "
+        "Which one do users ask for most often?",
+    ),
+)
+COT_BUDGET_FACTOR = 2
+SC_SAMPLES = 3
+ESC_STRATEGIES: tuple[tuple[str, str], ...] = (
+    ("validation", "acknowledging and validating the person's feelings"),
+    ("reframing", "offering a gentler, more balanced way to see the situation"),
+    ("strengths", "pointing out the person's strengths and what they have already done well"),
+    ("practical steps", "suggesting one small, concrete next step"),
+)
+ESC_ANALYST_SYSTEM = "You analyse conversations to understand how the user feels and why."
+ASK_SUFFIX = "Write your next turn."
+
+
+def few_shot_block() -> str:
+    return "Examples:\n" + "\n".join(f"User: {u}\nAssistant: {a}" for u, a in FEW_SHOT_EXAMPLES)
+
+
+def baseline_system(method: str) -> str:
+    """The system prompt of a single-agent prompting baseline (sft uses the zero-shot one)."""
+    parts = [ZERO_SHOT_SYSTEM]
+    if method in ("few_shot", "few_shot_cot"):
+        parts.append(few_shot_block())
+    if method in ("zero_shot_cot", "few_shot_cot"):
+        parts.append(COT_INSTRUCTION)
+    return "\n\n".join(parts)
+
+
+_RESPONSE = re.compile(r"response\s*:\s*", re.IGNORECASE)
+_THOUGHTS = re.compile(r"^\W*thoughts?\s*:\s*", re.IGNORECASE)
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
+
+
+def extract_cot_response(text: str) -> str:
+    """The reply part of a "Thoughts: ... Response: ..." generation.
+
+    The text after the first "Response:" label; without a (non-empty) one, the text after the
+    thoughts' first sentence; when there is no second sentence either, the whole text (without
+    a leading "Thoughts:" label), so a turn is never empty when the model said something.
+    """
+    m = _RESPONSE.search(text)
+    if m and text[m.end() :].strip():
+        return text[m.end() :].strip()
+    body = _THOUGHTS.sub("", text.strip(), count=1).strip()
+    if m:  # an empty "Response:" at the end: keep what came before it
+        body = _RESPONSE.sub("", body).strip()
+    parts = _SENTENCE_END.split(body, maxsplit=1)
+    if len(parts) == 2 and parts[1].strip():
+        return parts[1].strip()
+    return body or text.strip()
+
+
+def _tokens(text: str) -> set[str]:
+    return set(re.findall(r"\w+", text.lower()))
+
+
+def jaccard(a: str, b: str) -> float:
+    ta, tb = _tokens(a), _tokens(b)
+    union = ta | tb
+    return len(ta & tb) / len(union) if union else 0.0
+
+
+def most_consistent(texts: list[str]) -> int:
+    """Index of the text with the highest mean token-Jaccard agreement with the others.
+
+    Ties go to the lowest index (deterministic). Empty texts agree with nothing (Jaccard 0).
+    """
+    if not texts:
+        raise ValueError("most_consistent: no samples")
+    if len(texts) == 1:
+        return 0
+    scores = [
+        sum(jaccard(t, o) for j, o in enumerate(texts) if j != i) / (len(texts) - 1)
+        for i, t in enumerate(texts)
+    ]
+    return max(range(len(texts)), key=lambda i: (scores[i], -i))
+
+
+def _is_agent(req: ChatRequest) -> bool:
+    m = req.messages
+    return bool(m) and m[0]["role"] == "system" and m[0]["content"] == GENERIC_SYSTEM
+
+
+def _derived_seed(seed: int, k: int) -> int:
+    return (seed * 31 + 977 * (k + 1)) % 2**31
+
+
+def _with(req: ChatRequest, system: str, user: str | None = None, **changes) -> ChatRequest:
+    """A copy of req with a new system (and optionally user) message and changed sampling."""
+    rest = req.messages[1:] if user is None else ({"role": "user", "content": user},)
+    messages: tuple[Message, ...] = ({"role": "system", "content": system}, *rest)
+    sampling = dataclasses.replace(req.sampling, **changes.pop("sampling", {}))
+    return dataclasses.replace(req, messages=messages, sampling=sampling, **changes)
+
+
+def _merge(chosen: ChatResult, all_results: list[ChatResult], text: str) -> ChatResult:
+    """The chosen text, with the token costs of every call made for it."""
+    return ChatResult(
+        text,
+        sum(r.prompt_tokens for r in all_results),
+        sum(r.completion_tokens for r in all_results),
+        all(r.cached for r in all_results),
+    )
+
+
+AgentFn = Callable[[ChatFn, list[ChatRequest]], list[ChatResult]]
+
+
+def _agent_wrapper(handle: AgentFn) -> Wrap:
+    """Wrap: agent requests (system == GENERIC_SYSTEM) go to `handle`, the rest pass through."""
+
+    def wrap(generate: ChatFn) -> ChatFn:
+        def chat(requests: list[ChatRequest]) -> list[ChatResult]:
+            agent = [i for i, r in enumerate(requests) if _is_agent(r)]
+            if not agent:
+                return generate(requests)
+            out: list[ChatResult | None] = [None] * len(requests)
+            other = [i for i in range(len(requests)) if i not in set(agent)]
+            if other:
+                for i, res in zip(other, generate([requests[i] for i in other]), strict=True):
+                    out[i] = res
+            results = handle(generate, [requests[i] for i in agent])
+            for i, res in zip(agent, results, strict=True):
+                out[i] = res
+            return out  # type: ignore[return-value]
+
+        return chat
+
+    return wrap
+
+
+def _prompting(method: str, adapter: str | None = None) -> AgentFn:
+    system = baseline_system(method)
+    cot = method.endswith("_cot")
+
+    def handle(generate: ChatFn, reqs: list[ChatRequest]) -> list[ChatResult]:
+        extra: dict = {"adapter": adapter} if adapter else {}
+        new = [
+            _with(
+                r,
+                system,
+                **extra,
+                sampling={
+                    "max_new_tokens": r.sampling.max_new_tokens * (COT_BUDGET_FACTOR if cot else 1)
+                },
+            )
+            for r in reqs
+        ]
+        results = generate(new)
+        if cot:
+            return [_merge(r, [r], extract_cot_response(r.text)) for r in results]
+        return results
+
+    return handle
+
+
+def _self_consistency(generate: ChatFn, reqs: list[ChatRequest]) -> list[ChatResult]:
+    samples = [
+        _with(r, ZERO_SHOT_SYSTEM, sampling={"seed": _derived_seed(r.sampling.seed, k)})
+        for r in reqs
+        for k in range(SC_SAMPLES)
+    ]
+    results = generate(samples)
+    out = []
+    for i in range(len(reqs)):
+        group = results[i * SC_SAMPLES : (i + 1) * SC_SAMPLES]
+        best = group[most_consistent([g.text for g in group])]
+        out.append(_merge(best, group, best.text))
+    return out
+
+
+def _transcript(req: ChatRequest) -> str:
+    """The agent request's context + conversation, without its final "write your turn" line."""
+    return req.messages[-1]["content"].strip().removesuffix(ASK_SUFFIX).strip()
+
+
+def _multiagent_esc(generate: ChatFn, reqs: list[ChatRequest]) -> list[ChatResult]:
+    """MultiAgentESC-style: analysis, strategy deliberation, final response (3 batched calls)."""
+    seeds = [r.sampling.seed for r in reqs]
+    talks = [_transcript(r) for r in reqs]
+    analyses = generate(
+        [
+            _with(
+                r,
+                ESC_ANALYST_SYSTEM,
+                f"{t}\n\nIn one short paragraph, describe the user's emotion, its cause and "
+                "their intention.",
+                sampling={"seed": _derived_seed(s, 0)},
+            )
+            for r, t, s in zip(reqs, talks, seeds, strict=True)
+        ]
+    )
+    proposals = generate(
+        [
+            _with(
+                r,
+                f"You are a support expert specialising in {name}: {what}.",
+                f"{t}\n\nAnalysis: {a.text.strip()}\n\nPropose, in one sentence, how the next "
+                f"reply should use {name}.",
+                sampling={"seed": _derived_seed(s, 1 + k)},
+            )
+            for r, t, s, a in zip(reqs, talks, seeds, analyses, strict=True)
+            for k, (name, what) in enumerate(ESC_STRATEGIES)
+        ]
+    )
+    n = len(ESC_STRATEGIES)
+    finals = generate(
+        [
+            _with(
+                r,
+                ZERO_SHOT_SYSTEM,
+                f"{t}\n\nAnalysis: {a.text.strip()}\n\nProposed strategies:\n"
+                + "\n".join(
+                    f"- {name}: {p.text.strip()}"
+                    for (name, _), p in zip(
+                        ESC_STRATEGIES, proposals[i * n : (i + 1) * n], strict=True
+                    )
+                )
+                + f"\n\nCombining the most helpful strategies, {ASK_SUFFIX.lower()}",
+                sampling={"seed": _derived_seed(s, 1 + n)},
+            )
+            for i, (r, t, s, a) in enumerate(zip(reqs, talks, seeds, analyses, strict=True))
+        ]
+    )
+    return [
+        _merge(f, [analyses[i], *proposals[i * n : (i + 1) * n], f], f.text)
+        for i, f in enumerate(finals)
+    ]
+
+
+def _identity(generate: ChatFn) -> ChatFn:
+    return generate
+
+
+def method_plan(
+    method: str,
+    specs: list[DialogueSpec],
+    base_config: DialogueConfig,
+    persona_adapters: dict[str, str | None] | None = None,
+    director_adapter: str | None = None,
+    sft_adapter: str | None = None,
+) -> tuple[list[DialogueSpec], DialogueConfig, Wrap]:
+    """(specs, config, wrap) of a method; `wrap(generate)` is the chat function to run it with."""
+    if method not in METHODS:
+        raise ValueError(f"unknown method {method!r}; known: {METHODS}")
+    adapters = dict(persona_adapters or {})
+    cfg = dataclasses.replace
+    if method == "mascot":
+        return (
+            specs,
+            cfg(
+                base_config,
+                speaker_policy="director",
+                persona_grounding=True,
+                persona_adapters=adapters,
+                director_adapter=director_adapter,
+            ),
+            _identity,
+        )
+    if method == "mascot_p":
+        return (
+            specs,
+            cfg(
+                base_config,
+                speaker_policy="director",
+                persona_grounding=False,
+                persona_adapters={},
+                director_adapter=director_adapter,
+            ),
+            _identity,
+        )
+    if method == "mascot_c":
+        return (
+            specs,
+            cfg(
+                base_config,
+                speaker_policy="random",
+                persona_grounding=True,
+                persona_adapters=adapters,
+                director_adapter=None,
+            ),
+            _identity,
+        )
+    if method == "sft" and sft_adapter is None:
+        raise ValueError(
+            "method 'sft' needs sft_adapter (the name of the SFT LoRA loaded into the chat "
+            "backend); train it from sft_examples() first or leave 'sft' out of the methods"
+        )
+    single = [dataclasses.replace(s, roster=[ASSISTANT]) for s in specs]
+    # sft: the adapter is also in persona_adapters so turns/models record it (model_used)
+    config = cfg(
+        base_config,
+        speaker_policy="round_robin",
+        no_repeat=False,
+        persona_grounding=False,
+        director_adapter=None,
+        persona_adapters={ASSISTANT.persona_id: sft_adapter} if method == "sft" else {},
+    )
+    if method == "self_consistency":
+        handle = _self_consistency
+    elif method == "multiagent_esc":
+        handle = _multiagent_esc
+    else:
+        handle = _prompting("zero_shot" if method == "sft" else method, sft_adapter)
+    return single, config, _agent_wrapper(handle)
+
+
+def method_dialogue_id(spec: DialogueSpec, method: str) -> str:
+    """`eval:<context_id>` -> `eval:<method>:<context_id>` (the incoming prefix is kept)."""
+    cid = spec.context.context_id
+    if not spec.dialogue_id.endswith(f":{cid}"):
+        raise ValueError(
+            f"{spec.dialogue_id}: expected a dialogue id '<prefix>:{cid}' (from build_specs)"
+        )
+    return f"{spec.dialogue_id.removesuffix(f':{cid}')}:{method}:{cid}"
+
+
+def run_method(
+    method: str,
+    specs: list[DialogueSpec],
+    chat_generate: ChatFn,
+    base_config: DialogueConfig,
+    persona_adapters: dict[str, str | None] | None = None,
+    director_adapter: str | None = None,
+    sft_adapter: str | None = None,
+    stage: str = "eval",
+) -> list[DialogueRecord]:
+    """Run one method on the specs; dialogue ids become `<prefix>:<method>:<context_id>`."""
+    planned, config, wrap = method_plan(
+        method, specs, base_config, persona_adapters, director_adapter, sft_adapter
+    )
+    planned = [dataclasses.replace(s, dialogue_id=method_dialogue_id(s, method)) for s in planned]
+    generate = chat_generate.generate if hasattr(chat_generate, "generate") else chat_generate
+    return run_dialogues(planned, wrap(generate), config, stage=stage, method=method)
+
+
+def sft_examples(contexts: list[Context]) -> list[dict]:
+    """LoRA SFT data: one example per non-empty listener turn of the EmpatheticDialogues contexts.
+
+    messages = the zero-shot system prompt, the preceding turns as user (speaker) / assistant
+    (listener) messages (consecutive same-role turns merged, so roles alternate), and the listener
+    turn as the final assistant message. A listener turn with no speaker turn before it is
+    skipped (there is nothing to reply to).
+    """
+    out = []
+    for ctx in contexts:
+        if ctx.source != "empatheticdialogues":
+            continue
+        history: list[Message] = []
+        for t in ctx.turns:
+            text = " ".join((t.get("text") or "").split())
+            if not text:
+                continue
+            role = "assistant" if t.get("speaker") == "listener" else "user"
+            if role == "assistant" and any(m["role"] == "user" for m in history):
+                out.append(
+                    {
+                        "messages": [
+                            {"role": "system", "content": baseline_system("zero_shot")},
+                            *history,
+                            {"role": "assistant", "content": text},
+                        ]
+                    }
+                )
+            if history and history[-1]["role"] == role:
+                history[-1] = {"role": role, "content": f"{history[-1]['content']} {text}"}
+            else:
+                history.append({"role": role, "content": text})
+    return out

@@ -1,0 +1,74 @@
+"""Scores of evaluation dialogues: every judge on both rubrics, plus the automatic metrics.
+
+Agent-level: every agent turn is judged with its speaker's card against the roster it spoke in
+(the single-agent baselines' "assistant" is judged against the support roster plus itself), with
+the earlier turns as history; a dialogue's value per criterion is the mean over its agent turns.
+Collective: every N-turn block is judged; a dialogue's value is the mean over its blocks.
+Values stay on the judges' 1-5 scale (reports convert to 0-100); failed judgments are left out
+of the means, and a dialogue whose every judgment failed gets NULL.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import pandas as pd
+
+from mascot_dag.lib.dialogue import blocks
+from mascot_dag.lib.judges.base import BlockItem, ResponseItem
+from mascot_dag.lib.metrics import compute_metrics, metric_rows
+
+COLUMNS = ["method", "dialogue_id", "level", "judge", "criterion", "value", "higher_is_better"]
+
+
+def _mean_rows(method, did, level, judge_name, per_criterion: dict[str, list]) -> list[dict]:
+    rows = []
+    for crit, vals in per_criterion.items():
+        ok = [v for v in vals if v is not None]
+        rows.append({"method": method, "dialogue_id": did, "level": level, "judge": judge_name,
+                     "criterion": crit, "value": sum(ok) / len(ok) if ok else None,
+                     "higher_is_better": True})
+    return rows
+
+
+def score_dialogues(dialogues, turns, context_text, cards, rosters, judges, block_size,
+                    embed=None, identifier=None) -> pd.DataFrame:
+    by_dialogue = {k: g.sort_values("turn_idx") for k, g in turns.groupby("dialogue_id")}
+    resp_items, resp_keys, block_items, block_keys = [], [], [], []
+    for d in dialogues.itertuples():
+        g = by_dialogue.get(d.dialogue_id)
+        if g is None:
+            continue
+        roster = list(rosters["support" if d.mode == "support" else "workplace"])
+        history: list[str] = []
+        text = context_text[d.context_id]
+        for t in g.itertuples():
+            if t.role == "agent":
+                card = cards[t.speaker]
+                r = roster if card in roster else roster + [card]
+                resp_items.append(ResponseItem(text, card, r, t.text, list(history)))
+                resp_keys.append((d.method, d.dialogue_id))
+            history.append(t.text)
+        for block in blocks(g[["speaker", "text"]].to_dict("records"), block_size):
+            speakers = {x["speaker"] for x in block}
+            extra = [cards[s] for s in speakers if s in cards and cards[s] not in roster]
+            block_items.append(BlockItem(text, roster + extra, block))
+            block_keys.append((d.method, d.dialogue_id))
+    rows = []
+    for judge in judges:
+        for level, items, keys, fn in (("agent", resp_items, resp_keys, judge.score_responses),
+                                       ("collective", block_items, block_keys, judge.score_blocks)):
+            acc: dict[tuple, dict[str, list]] = defaultdict(lambda: defaultdict(list))
+            for key, scores in zip(keys, fn(items) if items else [], strict=True):
+                for s in scores:
+                    acc[key][s.criterion].append(s.score if s.status == "ok" else None)
+            for (method, did), per in acc.items():
+                rows += _mean_rows(method, did, level, judge.name, per)
+    for d in dialogues.itertuples():
+        g = by_dialogue.get(d.dialogue_id)
+        if g is None:
+            continue
+        values = compute_metrics(g[["speaker", "role", "text"]].to_dict("records"), embed=embed,
+                                 identifier=identifier)
+        rows += metric_rows(d.method, d.dialogue_id, values)
+    return pd.DataFrame(rows, columns=COLUMNS)

@@ -1,0 +1,262 @@
+"""Evaluation methods with the real tiny model (SmolLM2-135M): every method on the same specs."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from mascot_dag.lib.dialogue import GENERIC_SYSTEM, DialogueConfig
+from mascot_dag.lib.methods import (
+    ASSISTANT,
+    ESC_ANALYST_SYSTEM,
+    ESC_STRATEGIES,
+    METHODS,
+    SINGLE_AGENT,
+    ZERO_SHOT_SYSTEM,
+    baseline_system,
+    extract_cot_response,
+    method_plan,
+    most_consistent,
+    run_method,
+    sft_examples,
+)
+from mascot_dag.lib.personas import load_personas, personas_of_set
+from mascot_dag.lib.rollout import build_specs
+from mascot_dag.lib.types import Context
+from mascot_dag.lib.users import load_user_profiles
+
+CARDS = load_personas()
+ROSTERS = {
+    "support": personas_of_set(CARDS, "support"),
+    "workplace": personas_of_set(CARDS, "workplace"),
+}
+ED = Context(
+    context_id="ed-1",
+    source="empatheticdialogues",
+    domain="emotional_support",
+    situation="I failed my driving test for the third time.",
+    text="Situation: I failed my driving test for the third time.\n"
+    "Speaker: I failed again today and I feel so stupid.",
+    turns=[{"speaker": "speaker", "text": "I failed again today and I feel so stupid."}],
+)
+MEETING = Context(
+    context_id="qm-1",
+    source="qmsum",
+    domain="product",
+    situation="remote control design",
+    text="PM: We need to decide on the remote's buttons.\nUI: Fewer buttons are easier.",
+    topic="remote control design",
+    queries=[{"query": "What did the group decide about the buttons?", "answer": "fewer"}],
+)
+SPECS = build_specs([ED, MEETING], ROSTERS, load_user_profiles(), n_agent_turns=2, prefix="eval")
+# Tiny budgets; agents_per_round=1 so the simulated user replies between the 2 agent turns.
+CONFIG = DialogueConfig(
+    max_new_tokens_agent=8, max_new_tokens_user=8, max_new_tokens_director=12, agents_per_round=1
+)
+
+
+class Recorder:
+    """Records every request batch the backend receives, then calls the real model."""
+
+    def __init__(self, chat):
+        self.chat = chat
+        self.calls: list[list] = []
+
+    def generate(self, requests):
+        self.calls.append(list(requests))
+        return self.chat.generate(requests)
+
+
+@pytest.fixture(scope="module")
+def lora_path(base_model_path, tmp_path_factory) -> str:
+    """A fresh random LoRA standing in for the trained SFT adapter."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    base = AutoModelForCausalLM.from_pretrained(base_model_path)
+    cfg = LoraConfig(
+        r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False
+    )
+    out = tmp_path_factory.mktemp("lora") / "sft"
+    get_peft_model(base, cfg).save_pretrained(out)
+    return str(out)
+
+
+@pytest.fixture(scope="module")
+def runs(base_model_path, lora_path):
+    """Every method once on the same specs: {method: (records, recorder)}."""
+    from mascot_dag.lib.llm.transformers_backend import TransformersChat
+
+    chat = TransformersChat(
+        base_model_path, models_dir=".", adapters={"sft-lora": lora_path}, batch_size=8
+    )
+    out = {}
+    for m in METHODS:
+        rec = Recorder(chat)
+        out[m] = (run_method(m, SPECS, rec, CONFIG, sft_adapter="sft-lora"), rec)
+    return out
+
+
+def _agent_calls(rec):
+    return [
+        c
+        for c in rec.calls
+        if not any(
+            "role-playing" in r.messages[0]["content"]
+            or "Your situation" in r.messages[0]["content"]
+            for r in c
+        )
+    ]
+
+
+def test_every_method_runs_with_method_ids(runs):
+    assert set(runs) == set(METHODS)
+    for m, (records, _) in runs.items():
+        assert [r.dialogue["dialogue_id"] for r in records] == [f"eval:{m}:ed-1", f"eval:{m}:qm-1"]
+        for r in records:
+            assert r.dialogue["method"] == m and r.dialogue["stage"] == "eval"
+            agent = [t for t in r.turns if t["role"] == "agent"]
+            assert len(agent) == 2, m
+            assert all(t["dialogue_id"] == r.dialogue["dialogue_id"] for t in r.turns)
+        # the same specs: same seeds and openings for every method
+        assert [r.dialogue["seed"] for r in records] == [s.seed for s in SPECS]
+        assert [r.turns[0]["text"] for r in records] == [
+            r.turns[0]["text"] for r in runs["mascot"][0]
+        ]
+
+
+def test_single_agent_methods_speak_as_the_assistant_only(runs):
+    for m in SINGLE_AGENT:
+        records, rec = runs[m]
+        speakers = {t["speaker"] for r in records for t in r.turns if t["role"] == "agent"}
+        assert speakers == {"assistant"}, m
+        assert not any(r.directives for r in records)
+        # the backend never sees the generic placeholder prompt: the wrapper rewrote it
+        assert not any(r.messages[0]["content"] == GENERIC_SYSTEM for c in rec.calls for r in c)
+    support_ids = {c.persona_id for c in ROSTERS["support"]}
+    mascot_speakers = {t["speaker"] for t in runs["mascot"][0][0].turns if t["role"] == "agent"}
+    assert mascot_speakers <= support_ids and mascot_speakers
+
+
+def test_prompting_baselines_use_their_system_prompt(runs):
+    for m in ("zero_shot", "few_shot", "zero_shot_cot", "few_shot_cot"):
+        systems = {r.messages[0]["content"] for c in _agent_calls(runs[m][1]) for r in c}
+        assert systems == {baseline_system(m)}, m
+    assert "Thoughts:" in baseline_system("few_shot_cot") and "Examples:" in baseline_system(
+        "few_shot_cot"
+    )
+    cot_budgets = {
+        r.sampling.max_new_tokens for c in _agent_calls(runs["zero_shot_cot"][1]) for r in c
+    }
+    assert cot_budgets == {2 * CONFIG.max_new_tokens_agent}
+
+
+def test_user_simulator_requests_pass_through_unchanged(runs):
+    base_users = [c for c in runs["mascot"][1].calls if c not in _agent_calls(runs["mascot"][1])]
+    zs_users = [
+        c for c in runs["zero_shot"][1].calls if c not in _agent_calls(runs["zero_shot"][1])
+    ]
+    assert len(zs_users) == 1 and len(zs_users[0]) == 1  # support dialogue only, after turn 1
+    assert zs_users[0][0].messages[0] == base_users[0][0].messages[0]
+
+
+def test_sft_sets_the_adapter_on_agent_requests_only(runs):
+    records, rec = runs["sft"]
+    agent = [r for c in _agent_calls(rec) for r in c]
+    assert agent and all(r.adapter == "sft-lora" for r in agent)
+    assert all(r.messages[0]["content"] == ZERO_SHOT_SYSTEM for r in agent)
+    users = [r for c in rec.calls for r in c if r not in agent]
+    assert users and all(r.adapter is None for r in users)
+    assert {t["model_used"] for r in records for t in r.turns if t["role"] == "agent"} == {
+        "sft-lora"
+    }
+    with pytest.raises(ValueError, match="sft_adapter"):
+        method_plan("sft", SPECS, CONFIG)
+
+
+def test_mascot_variants(runs):
+    assert all(r.directives for r in runs["mascot"][0])
+    assert all(r.directives for r in runs["mascot_p"][0])
+    assert not any(r.directives for r in runs["mascot_c"][0])
+    c_calls = runs["mascot_c"][1].calls
+    assert not any("director" in r.messages[0]["content"].lower() for c in c_calls for r in c)
+    # mascot_c: agent + user + agent calls only (no director call)
+    assert len(c_calls) == 3
+    assert json.loads(runs["mascot_c"][0][0].dialogue["models"])["speaker_policy"] == "random"
+    p_models = json.loads(runs["mascot_p"][0][0].dialogue["models"])
+    assert p_models["persona_grounding"] is False and p_models["speaker_policy"] == "director"
+    specs, cfg, _ = method_plan("mascot", SPECS, CONFIG, {"anchor": "a1"}, "dir")
+    assert specs == SPECS and cfg.persona_adapters == {"anchor": "a1"}
+    assert cfg.director_adapter == "dir" and cfg.speaker_policy == "director"
+    _, cfg_c, _ = method_plan("mascot_c", SPECS, CONFIG, {"anchor": "a1"}, "dir")
+    assert cfg_c.director_adapter is None and cfg_c.persona_adapters == {"anchor": "a1"}
+    _, cfg_p, _ = method_plan("mascot_p", SPECS, CONFIG, {"anchor": "a1"}, "dir")
+    assert cfg_p.persona_adapters == {} and cfg_p.director_adapter == "dir"
+    single, _, _ = method_plan("zero_shot", SPECS, CONFIG)
+    assert all(s.roster == [ASSISTANT] for s in single) and SPECS[0].roster != [ASSISTANT]
+
+
+def test_multiagent_esc_makes_three_batched_calls_per_agent_step(runs):
+    calls = runs["multiagent_esc"][1].calls
+    # step 1: analysis, deliberation, final, user (support only); step 2: analysis, delib, final
+    assert [len(c) for c in calls] == [2, 2 * len(ESC_STRATEGIES), 2, 1, 2, 8, 2]
+    for i in (0, 4):
+        assert all(r.messages[0]["content"] == ESC_ANALYST_SYSTEM for r in calls[i])
+        assert all(r.messages[0]["content"] == ZERO_SHOT_SYSTEM for r in calls[i + 2])
+        assert all("Proposed strategies" in r.messages[1]["content"] for r in calls[i + 2])
+    assert len({r.sampling.seed for r in calls[1]}) == 8
+
+
+def test_self_consistency_batches_samples(runs):
+    calls = _agent_calls(runs["self_consistency"][1])
+    assert [len(c) for c in calls] == [6, 6]
+    assert len({r.sampling.seed for r in calls[0]}) == 6
+
+
+def test_most_consistent_picks_the_most_agreeing_sample():
+    texts = ["the cat sat on the mat", "a dog ran in the park", "the cat sat on a mat"]
+    assert most_consistent(texts) in (0, 2)
+    assert most_consistent(["x y", "x y z", "x y"]) == 0  # tie between 0 and 2 -> lowest index
+    assert most_consistent(["alpha beta", "gamma delta", "alpha beta gamma"]) == 2
+    assert most_consistent(["only"]) == 0
+    with pytest.raises(ValueError):
+        most_consistent([])
+
+
+def test_extract_cot_response():
+    assert extract_cot_response("Thoughts: they are sad.\nResponse: I'm sorry.") == "I'm sorry."
+    assert extract_cot_response("thoughts: sad. response:  Hang in there!") == "Hang in there!"
+    assert extract_cot_response("Thoughts: They feel bad. That must hurt.") == "That must hurt."
+    assert extract_cot_response("Thoughts: they feel bad") == "they feel bad"
+    assert extract_cot_response("Just a reply") == "Just a reply"
+    assert extract_cot_response("Thoughts: sad. Be kind. Response:") == "Be kind."
+
+
+def test_sft_examples_from_listener_turns():
+    ctx = Context(
+        context_id="ed-x",
+        source="empatheticdialogues",
+        domain="emotional_support",
+        situation="s",
+        text="t",
+        turns=[
+            {"speaker": "speaker", "text": "I lost my keys."},
+            {"speaker": "listener", "text": "Oh no, where did you last see them?"},
+            {"speaker": "speaker", "text": "  "},
+            {"speaker": "speaker", "text": "At the gym."},
+            {"speaker": "listener", "text": "Maybe call the front desk."},
+            {"speaker": "listener", "text": ""},
+        ],
+    )
+    ex = sft_examples([ctx, MEETING])
+    assert len(ex) == 2
+    first, second = ex[0]["messages"], ex[1]["messages"]
+    assert first[0] == {"role": "system", "content": baseline_system("zero_shot")}
+    assert [m["role"] for m in first] == ["system", "user", "assistant"]
+    assert first[-1]["content"] == "Oh no, where did you last see them?"
+    assert [m["role"] for m in second] == ["system", "user", "assistant", "user", "assistant"]
+    assert second[3]["content"] == "At the gym."
+    assert second[-1]["content"] == "Maybe call the front desk."
