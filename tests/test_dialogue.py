@@ -64,7 +64,12 @@ def chat(base_model_path):
 
 # Shrunk for CPU speed: 3 agent turns, 16-token agent/user turns; the director keeps 40 tokens
 # because a directive JSON is ~20-30 tokens and a shorter budget would always truncate it.
-FAST = dict(max_new_tokens_agent=16, max_new_tokens_user=16, max_new_tokens_director=40)
+FAST = dict(
+    max_new_tokens_agent=16,
+    max_new_tokens_user=16,
+    max_new_tokens_director=40,
+    prompt_style="zero_shot",
+)
 
 
 def _check_common(rec, spec, roster_ids):
@@ -107,7 +112,7 @@ def test_support_dialogues_with_director(chat):
         r
         for call in rec_chat.calls
         for r in call
-        if "Your director asks you to:" in r.messages[-1]["content"]
+        if "Your director asks you to:" in r.messages[0]["content"]
     ]
     assert len(agent_reqs) == 6
     assert all(any(c.name in r.messages[0]["content"] for c in SUPPORT) for r in agent_reqs)

@@ -330,7 +330,8 @@ def test_deterministic_across_instances_and_batches(judge, support):
         for s, t in pairs[:2]
     ]
     batch = judge.score_responses(items)
-    alone = [EmbeddedJudge().score_responses([it])[0] for it in items[:3]]
+    fresh = EmbeddedJudge()  # a new cache: each call below embeds a different batch of texts
+    alone = [fresh.score_responses([it])[0] for it in items[:3]]
     assert [[s.score for s in r] for r in batch[:3]] == [[s.score for s in r] for r in alone]
     assert [[s.score for s in r] for r in judge.score_responses(items)] == [
         [s.score for s in r] for r in batch

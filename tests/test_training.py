@@ -156,6 +156,19 @@ def test_settings_reject_bad_values():
 # ---------------------------------------------------------------- reward model
 
 
+def test_split_pairs_is_deterministic_and_order_free():
+    from mascot_dag.lib.training.reward_model import split_pairs
+
+    train, held = split_pairs(pairs(), 0.2, seed=0)
+    assert len(held) == 2 and len(train) == 8
+    assert not {p["prompt"][1]["content"] for p in held} & {
+        p["prompt"][1]["content"] for p in train
+    }
+    _, held_reversed = split_pairs(pairs()[::-1], 0.2, seed=0)
+    assert sorted(map(str, held_reversed)) == sorted(map(str, held))
+    assert split_pairs(pairs(), 0.0, seed=0) == (pairs(), [])
+
+
 @pytest.mark.slow
 def test_reward_model_trains_and_scores(base_model_path, tmp_path):
     from mascot_dag.lib.training.reward_model import RewardScorer, train_reward_model

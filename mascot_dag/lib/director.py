@@ -74,6 +74,18 @@ def format_history(
     return "\n".join(lines) if lines else "(nothing yet)"
 
 
+def _ask(
+    context_text: str, roster: list[PersonaCard], history: list[dict], avoid: str | None
+) -> str:
+    rule = f'\nDo not choose "{avoid}": they spoke last.' if avoid else ""
+    return (
+        f"Context:\n{' '.join(context_text.split())[:CONTEXT_CHARS]}\n\n"
+        f"Dialogue so far:\n{format_history(history, roster)}\n\n"
+        f"Who speaks next? Speaker must be one of: {', '.join(c.persona_id for c in roster)}."
+        f"{rule}\nJSON:"
+    )
+
+
 def director_messages(
     context_text: str,
     roster: list[PersonaCard],
@@ -86,14 +98,13 @@ def director_messages(
     `history` items are {"speaker": persona_id|"user"|"moderator", "text": ...}; only the last
     HISTORY_TURNS are shown. `avoid_speaker` (the last speaker when repeats are forbidden) is named
     in the prompt so the model knows the rule it will be held to.
+
+    One worked exchange (a made-up context and its JSON answer) precedes the real question: with
+    the format only described, SmolLM2-135M wrote a valid directive 0/16 times; with the exchange,
+    12/16 (but it copies the example's speaker, so the example speaker is never `avoid_speaker`).
     """
-    goal = (
-        "support the person who is struggling"
-        if mode == "support"
-        else "run a productive meeting discussion"
-    )
+    goal = "support a person who is struggling" if mode == "support" else "hold a useful meeting"
     members = "\n".join(f'- "{c.persona_id}": {c.name}, {c.role}' for c in roster)
-    example = roster[0].persona_id if roster else "anchor"
     system = "\n".join(
         [
             f"You are the director of a group of companions who {goal}.",
@@ -101,18 +112,26 @@ def director_messages(
             "which tone, so that every companion adds something new in their own role.",
             "Companions (id: name, role):",
             members,
-            "Answer with ONLY a JSON object, no other text, for example:",
-            f'{{"speaker": "{example}", "action": "acknowledge the feeling", "tone": "warm"}}',
+            'Answer with ONLY a JSON object {"speaker": ..., "action": ..., "tone": ...}.',
         ]
     )
-    rule = f'\nDo not choose "{avoid_speaker}": they spoke last.' if avoid_speaker else ""
-    user = (
-        f"Context:\n{' '.join(context_text.split())[:CONTEXT_CHARS]}\n\n"
-        f"Dialogue so far:\n{format_history(history, roster)}\n\n"
-        f"Who speaks next? Speaker must be one of: {', '.join(c.persona_id for c in roster)}."
-        f"{rule}\nJSON:"
-    )
-    return [{"role": "system", "content": system}, {"role": "user", "content": user}]
+    messages: list[Message] = [{"role": "system", "content": system}]
+    others = [c for c in roster if c.persona_id != avoid_speaker]
+    if others:
+        ex = others[0]
+        first = "user" if mode == "support" else "moderator"
+        ex_history = [{"speaker": first, "text": "It has been a hard week and I feel stuck."}]
+        answer = {
+            "speaker": ex.persona_id,
+            "action": ex.behaviours[0],
+            "tone": "warm" if mode == "support" else "constructive",
+        }
+        messages += [
+            {"role": "user", "content": _ask("A hard week.", roster, ex_history, None)},
+            {"role": "assistant", "content": json.dumps(answer)},
+        ]
+    messages.append({"role": "user", "content": _ask(context_text, roster, history, avoid_speaker)})
+    return messages
 
 
 def _objects(text: str):

@@ -38,6 +38,10 @@ def _client() -> Any:
 
 def experiment(name: str) -> str:
     """The id of experiment `name`, created (artifacts under artifact_root/name) when new."""
+    return _experiment_id(name)
+
+
+def _experiment_id(name: str) -> str:
     client = _client()
     found = client.get_experiment_by_name(name)
     if found is not None:
@@ -52,7 +56,7 @@ def experiment(name: str) -> str:
 
 @contextmanager
 def start_run(
-    experiment_name: str,
+    experiment: str,
     run_name: str | None = None,
     tags: Mapping[str, str] | None = None,
     nested: bool = False,
@@ -60,7 +64,7 @@ def start_run(
     """`with start_run("persona_alignment", "anchor-grpo", {"persona": "anchor"}) as run:`"""
     import mlflow
 
-    exp_id = experiment(experiment_name)
+    exp_id = _experiment_id(experiment)
     with mlflow.start_run(
         experiment_id=exp_id, run_name=run_name, tags=dict(tags or {}), nested=nested
     ) as run:

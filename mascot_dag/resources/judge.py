@@ -4,8 +4,7 @@ Assets ask for a judge resource and call `.judge()` to get a `lib.judges` judge;
 hold both side by side to report how well they agree.
 """
 
-from __future__ import annotations
-
+# No `from __future__ import annotations`: dagster must see ResourceDependency[...] unquoted.
 import threading
 from typing import Any
 

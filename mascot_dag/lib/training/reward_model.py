@@ -62,7 +62,7 @@ def split_pairs(
 ) -> tuple[list[dict], list[dict]]:
     """Deterministic (train, heldout) split: the pairs with the lowest seeded hashes are held out.
 
-    Hashing the content (not the position) keeps a pair on the same side when others are added.
+    Hashing the content (not the position) makes the split independent of the rows' order.
     """
     if heldout_fraction <= 0 or len(pairs) < 2:
         return list(pairs), []
