@@ -107,7 +107,8 @@ def test_champion_alias_set_by_first_evaluation(lineage):
     models = json.loads(q(home, "SELECT models FROM dialogues WHERE method = 'mascot' "
                                 "AND stage = 'eval' LIMIT 1")[0][0])
     director = models["director"].split("@v")[1]
-    assert MlflowClient().get_model_version_by_alias("mascot-director", "champion").version == director
+    champion = MlflowClient().get_model_version_by_alias("mascot-director", "champion")
+    assert str(champion.version) == director
 
 
 def test_chat_two_turns_with_the_trained_group(lineage):

@@ -91,7 +91,7 @@ def runs(base_model_path, lora_path):
     from mascot_dag.lib.llm.transformers_backend import TransformersChat
 
     chat = TransformersChat(
-        base_model_path, models_dir=".", adapters={"sft-lora": lora_path}, threads=1, batch_size=8
+        base_model_path, models_dir=".", adapters={"sft-lora": lora_path}, batch_size=8
     )
     out = {}
     for m in METHODS:

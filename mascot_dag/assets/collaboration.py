@@ -143,6 +143,7 @@ def director_adapter(
 ) -> dg.MaterializeResult:
     """GRPO LoRA for the director: each sampled directive is rolled out for the next agent turn and
     rewarded by the group judge on the resulting block, plus a format reward for valid directives."""
+    from mascot_dag.assets.alignment import lora_settings
     from mascot_dag.lib.director_reward import (
         DirectiveFormatReward,
         GroupBlockReward,
@@ -150,7 +151,6 @@ def director_adapter(
     )
     from mascot_dag.lib.training.config import GRPOSettings
     from mascot_dag.lib.training.grpo import train_grpo_adapter
-    from mascot_dag.assets.alignment import lora_settings
 
     like = [f"{ROLLOUT_PREFIX}:%"]
     dialogues = store.query("SELECT * FROM dialogues WHERE dialogue_id LIKE ?", like)

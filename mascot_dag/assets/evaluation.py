@@ -11,13 +11,13 @@ import pandas as pd
 
 from mascot_dag.assets.collaboration import (
     dialogue_config,
+    dialogue_metadata,
     pick_contexts,
     rosters,
     write_dialogues,
-    dialogue_metadata,
 )
 from mascot_dag.assets.common import base_model_path, fingerprint, table_metadata
-from mascot_dag.assets.registry import DIRECTOR_MODEL, attach, attach_personas, persona_model
+from mascot_dag.assets.registry import DIRECTOR_MODEL, attach, attach_personas
 from mascot_dag.lib import champion as gate
 from mascot_dag.lib.home import Home
 from mascot_dag.lib.methods import ASSISTANT, METHODS, run_method, sft_examples
@@ -168,18 +168,14 @@ def three_way_comparisons(
 
 def _mascot_versions(store: DuckDBStore) -> dict:
     """Adapter versions the `mascot` eval dialogues used (what the gate would promote)."""
-    models = store.query("SELECT models FROM dialogues WHERE method = 'mascot' AND stage = 'eval' "
-                         "LIMIT 1")
-    if models.empty:
-        return {}
-    m = json.loads(models.models.iloc[0])
     out = {}
-    for pid, name in m.get("personas", {}).items():
-        if name and "@v" in name:
-            out[name.split("@v")[0]] = name.split("@v")[1]
-    director = m.get("director")
-    if director and "@v" in director:
-        out[DIRECTOR_MODEL] = director.split("@v")[1]
+    for models in store.query("SELECT models FROM dialogues WHERE method = 'mascot' "
+                              "AND stage = 'eval'").models:
+        m = json.loads(models)
+        for name in [*m.get("personas", {}).values(), m.get("director")]:
+            if name and "@v" in name:
+                model_name, version = name.split("@v", 1)
+                out[model_name] = version
     return out
 
 

@@ -7,7 +7,7 @@ re-run replaces exactly that persona's rows.
 import dagster as dg
 import pandas as pd
 
-from mascot_dag.assets.common import counts, persona_partitions, table_metadata
+from mascot_dag.assets.common import persona_partitions, table_metadata
 from mascot_dag.lib.judges.base import ResponseItem
 from mascot_dag.lib.llm.cache import CachedChat
 from mascot_dag.lib.preferences import candidate_id, candidate_messages, make_pairs, mean_scores

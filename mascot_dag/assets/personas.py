@@ -14,6 +14,7 @@ from mascot_dag.lib.personas import (
 from mascot_dag.lib.tables import card_from_row, personas_frame
 from mascot_dag.resources.store import DuckDBStore
 
+
 @dg.asset(group_name="personas", kinds={"duckdb", "yaml"})
 def persona_cards(store: DuckDBStore) -> dg.MaterializeResult:
     """Every persona card of mascot_dag/personas/*.yaml, validated (errors name file and field)."""

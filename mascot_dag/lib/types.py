@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import Literal
 
 Message = dict[str, str]  # {"role": "system"|"user"|"assistant", "content": str}
 

@@ -5,6 +5,7 @@ hold both side by side to report how well they agree.
 """
 
 # No `from __future__ import annotations`: dagster must see ResourceDependency[...] unquoted.
+import functools
 import threading
 from typing import Any
 
@@ -28,8 +29,14 @@ class EmbeddedJudgeResource(dg.ConfigurableResource):
     def judge(self) -> EmbeddedJudge:
         with self._lock:
             if self._judge is None:
-                self._judge = EmbeddedJudge(device=self.device)
+                self._judge = _shared_embedded(self.device)
             return self._judge
+
+
+@functools.lru_cache(maxsize=2)
+def _shared_embedded(device: str) -> EmbeddedJudge:
+    """One embedded judge per process (it is deterministic and stateless apart from caches)."""
+    return EmbeddedJudge(device=device)
 
 
 class LLMJudgeResource(dg.ConfigurableResource):

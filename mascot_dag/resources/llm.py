@@ -8,6 +8,7 @@ run that never generates) never loads a model.
 
 from __future__ import annotations
 
+import functools
 import threading
 from typing import Any
 
@@ -69,15 +70,22 @@ class TransformersChatResource(ChatModelResource):
     )
 
     def _build(self) -> Any:
-        from mascot_dag.lib.llm.transformers_backend import TransformersChat
-
-        return TransformersChat(
-            self.model,
-            _models_dir(self.models_dir),
-            adapters=dict(self.adapters),
-            batch_size=self.batch_size,
-            threads=self.threads,
+        backend = _shared_transformers(
+            self.model, _models_dir(self.models_dir), self.batch_size, self.threads
         )
+        for name, path in self.adapters.items():
+            backend.add_adapter(name, path)  # idempotent for the same name and folder
+        return backend
+
+
+@functools.lru_cache(maxsize=2)
+def _shared_transformers(model: str, models_dir: str, batch_size: int, threads: int | None) -> Any:
+    """One loaded model per process and configuration: the lineage runs many short in-process
+    runs (one per stage and partition) and each would otherwise reload the model. Adapters added
+    by one run stay available to later ones; their names carry the registry version."""
+    from mascot_dag.lib.llm.transformers_backend import TransformersChat
+
+    return TransformersChat(model, models_dir, adapters={}, batch_size=batch_size, threads=threads)
 
 
 class OpenAIChatResource(ChatModelResource):
