@@ -131,3 +131,14 @@ def test_missing_path_is_a_clear_error(home, bad_env, tmp_path):
     failure = next(e for e in result.all_events if e.is_step_failure)
     assert "nope.csv" in str(failure.step_failure_data.error.message) + str(
         failure.step_failure_data.error.cause)
+
+
+def test_schedule_and_sensor_are_listed_stopped(home):
+    env = _cli_env(home)
+    for kind, name in (("schedule", "weekly_retrain"), ("sensor", "inbox_sensor")):
+        proc = subprocess.run(
+            [str(BIN / "dagster"), kind, "list", "-m", "mascot_dag.definitions"],
+            cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
+        )
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert f"{name} [STOPPED]" in proc.stdout, proc.stdout[-2000:]
