@@ -16,17 +16,17 @@ class LineageSettings(dg.ConfigurableResource):
     )
     prompt_style: str = Field(default="few_shot", description="Persona prompt style for sampling.")
     max_train_contexts: int = Field(
-        default=8, description="Train contexts sampled per persona in Stage 1 (0 = all)."
+        default=6, description="Train contexts sampled per persona in Stage 1 (0 = all)."
     )
     k_candidates: int = Field(default=4, description="K: candidates per (context, persona).")
-    max_new_tokens: int = Field(default=40, description="Tokens per candidate / agent turn.")
+    max_new_tokens: int = Field(default=32, description="Tokens per candidate / agent turn.")
     temperature: float = Field(default=0.9, description="Sampling temperature for candidates.")
     preference_delta: float = Field(
         default=0.5, description="Minimum mean-score gap (1-5 scale) for a preference pair."
     )
-    reward_steps: int = Field(default=8, description="RewardTrainer optimisation steps.")
+    reward_steps: int = Field(default=6, description="RewardTrainer optimisation steps.")
     reward_batch_size: int = Field(default=8, description="RewardTrainer batch size.")
-    grpo_steps: int = Field(default=3, description="GRPO steps per persona adapter.")
+    grpo_steps: int = Field(default=2, description="GRPO steps per persona adapter.")
     grpo_generations: int = Field(default=4, description="GRPO generations per prompt.")
     grpo_completion_tokens: int = Field(default=24, description="GRPO max completion length.")
     grpo_learning_rate: float = Field(default=5e-5, description="GRPO learning rate (LoRA).")
@@ -38,5 +38,5 @@ class LineageSettings(dg.ConfigurableResource):
     agent_turns: int = Field(default=4, description="Agent turns per dialogue.")
     block_size: int = Field(default=4, description="N: turns per judged block.")
     director_steps: int = Field(default=2, description="GRPO steps for the director.")
-    eval_contexts: int = Field(default=3, description="Eval contexts per mode (0 = all).")
+    eval_contexts: int = Field(default=2, description="Eval contexts per mode (0 = all).")
     sft_steps: int = Field(default=4, description="SFT baseline steps.")
