@@ -14,6 +14,7 @@ from mascot_dag.assets.common import (
     registered_name,
 )
 from mascot_dag.assets.feedback import load_roster, train_contexts
+from mascot_dag.assets.registry import latest_version
 from mascot_dag.lib.home import Home
 from mascot_dag.lib.judges.base import ResponseItem
 from mascot_dag.lib.preferences import candidate_messages
@@ -60,7 +61,7 @@ def preference_examples(store: DuckDBStore, style: str) -> list[dict]:
     ]
 
 
-def _log_curves(tracking: MLflowResource, curves: dict[str, list]) -> None:
+def log_curves(tracking: MLflowResource, curves: dict[str, list]) -> None:
     for name, points in curves.items():
         if points:
             tracking.log_curve(name, points)
@@ -103,11 +104,11 @@ def persona_reward_model(
         tracking.log_params({"base_model": base, "pairs": len(pairs), **rm.__dict__,
                              "lora": lora.__dict__})
         result = train_reward_model(base, pairs, rm, lora, out)
-        _log_curves(tracking, {"loss": result.loss_curve})
+        log_curves(tracking, {"loss": result.loss_curve})
         metrics = {"heldout_accuracy": result.heldout_accuracy,
                    "train_accuracy": result.train_accuracy,
                    "trainable_percent": result.trainable_percent}
-        _log_curves(tracking, {k: [(result.steps, v)] for k, v in metrics.items() if v is not None})
+        log_curves(tracking, {k: [(result.steps, v)] for k, v in metrics.items() if v is not None})
         tracking.log_adapter(result.adapter_dir)
         version = tracking.register_version(
             REWARD_MODEL_NAME, run, tags={"pairs": str(len(pairs))})
@@ -140,13 +141,6 @@ def persona_reward_model(
     )
 
 
-def latest_version(model_name: str) -> str | None:
-    from mlflow import MlflowClient
-
-    versions = MlflowClient().search_model_versions(f"name = '{model_name}'")
-    return str(max(int(v.version) for v in versions)) if versions else None
-
-
 @dg.asset(
     group_name="persona_alignment",
     partitions_def=persona_partitions,
@@ -174,8 +168,7 @@ def persona_adapters(
     system = _system_prompts(store, settings.prompt_style)[persona]
     prompts = [candidate_messages(system, c) for c in train_contexts(store, settings)]
     home = Home.from_env()
-    tracking.configure()
-    rm_version = latest_version(REWARD_MODEL_NAME)
+    rm_version = latest_version(tracking, REWARD_MODEL_NAME)
     if rm_version is None:
         raise ValueError(f"no {REWARD_MODEL_NAME} in MLflow: materialise persona_reward_model")
     base = base_model_path(chat)
@@ -201,7 +194,7 @@ def persona_adapters(
                              "reward_model_version": rm_version, "reward_weights": weights,
                              **gs.__dict__, "lora": lora.__dict__})
         result = train_grpo_adapter(base, prompts, rewards, weights, gs, lora, out)
-        _log_curves(tracking, {"reward": result.reward_curve, "kl": result.kl_curve,
+        log_curves(tracking, {"reward": result.reward_curve, "kl": result.kl_curve,
                                "loss": result.loss_curve, **result.reward_func_curves})
         tracking.log_adapter(result.adapter_dir)
         version = tracking.register_version(name, run, tags={"persona": persona,

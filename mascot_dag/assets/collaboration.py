@@ -143,7 +143,7 @@ def director_adapter(
 ) -> dg.MaterializeResult:
     """GRPO LoRA for the director: each sampled directive is rolled out for the next agent turn and
     rewarded by the group judge on the resulting block, plus a format reward for valid directives."""
-    from mascot_dag.assets.alignment import lora_settings
+    from mascot_dag.assets.alignment import log_curves, lora_settings
     from mascot_dag.lib.director_reward import (
         DirectiveFormatReward,
         GroupBlockReward,
@@ -185,10 +185,8 @@ def director_adapter(
                              "persona_adapter_versions": versions, "lora": lora.__dict__,
                              "reward_weights": weights})
         result = train_grpo_adapter(base, prompts, rewards, weights, gs, lora, out)
-        for name, points in {"reward": result.reward_curve, "kl": result.kl_curve,
-                             "loss": result.loss_curve, **result.reward_func_curves}.items():
-            if points:
-                tracking.log_curve(name, points)
+        log_curves(tracking, {"reward": result.reward_curve, "kl": result.kl_curve,
+                              "loss": result.loss_curve, **result.reward_func_curves})
         tracking.log_adapter(result.adapter_dir)
         version = tracking.register_version(DIRECTOR_MODEL, run,
                                             tags={"persona_versions": json.dumps(versions)})
