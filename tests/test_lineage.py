@@ -11,7 +11,9 @@ import os
 import duckdb
 import pytest
 
-pytestmark = pytest.mark.slow
+# The fixture runs the whole lineage (~12 min on 2 quiet cores); it counts toward the first
+# test's timeout, so the module gets more than the suite default of 900 s.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
 
 
 @pytest.fixture(scope="module")
