@@ -14,6 +14,7 @@ from mascot_dag.assets.common import (
     registered_name,
 )
 from mascot_dag.assets.feedback import load_roster, train_contexts
+from mascot_dag.assets.registry import REWARD_MODEL as REWARD_MODEL_NAME
 from mascot_dag.assets.registry import latest_version
 from mascot_dag.lib.home import Home
 from mascot_dag.lib.judges.base import ResponseItem
@@ -27,13 +28,24 @@ from mascot_dag.resources.store import DuckDBStore
 from mascot_dag.resources.tracking import MLflowResource
 
 EXPERIMENT = "stage1_persona_alignment"
-REWARD_MODEL_NAME = "mascot-persona-reward"
 
 
 def lora_settings(settings: LineageSettings):
     from mascot_dag.lib.training.config import LoraSettings
 
     return LoraSettings(r=settings.lora_r, alpha=2 * settings.lora_r)
+
+
+def grpo_settings(settings: LineageSettings, max_completion_length: int):
+    """GRPO settings shared by the persona adapters and the director (LoRA, CPU or bf16)."""
+    from mascot_dag.lib.training.config import GRPOSettings
+
+    return GRPOSettings(
+        max_steps=settings.grpo_steps, batch_size=settings.grpo_generations,
+        num_generations=settings.grpo_generations, max_completion_length=max_completion_length,
+        learning_rate=settings.grpo_learning_rate, save_steps=1, seed=settings.seed,
+        use_cpu=settings.use_cpu, bf16=not settings.use_cpu,
+    )
 
 
 def _system_prompts(store: DuckDBStore, style: str) -> dict[str, str]:
@@ -93,6 +105,7 @@ def persona_reward_model(
     rm = RewardModelSettings(
         max_steps=settings.reward_steps, batch_size=settings.reward_batch_size,
         save_steps=max(1, settings.reward_steps // 2), seed=settings.seed,
+        train_accuracy_pairs=32,  # each pair costs two forward passes of ~350 tokens
         use_cpu=settings.use_cpu, bf16=not settings.use_cpu,
     )
     lora = lora_settings(settings)
@@ -158,7 +171,6 @@ def persona_adapters(
 ) -> dg.MaterializeResult:
     """GRPO LoRA adapter of one persona; reward = reward-model score + format reward."""
     from mascot_dag.lib.rewards import format_reward, reward_model_reward
-    from mascot_dag.lib.training.config import GRPOSettings
     from mascot_dag.lib.training.grpo import train_grpo_adapter
     from mascot_dag.lib.training.reward_model import RewardScorer
 
@@ -178,13 +190,7 @@ def persona_adapters(
     others = [c.name for c in roster if c.persona_id != persona]
     rewards = [reward_model_reward(scorer), format_reward(other_names=others)]
     weights = [settings.reward_model_weight, settings.format_reward_weight]
-    gs = GRPOSettings(
-        max_steps=settings.grpo_steps, batch_size=settings.grpo_generations,
-        num_generations=settings.grpo_generations,
-        max_completion_length=settings.grpo_completion_tokens,
-        learning_rate=settings.grpo_learning_rate, save_steps=1, seed=settings.seed,
-        use_cpu=settings.use_cpu, bf16=not settings.use_cpu,
-    )
+    gs = grpo_settings(settings, settings.grpo_completion_tokens)
     lora = lora_settings(settings)
     out = home.checkpoints / "persona_adapters" / persona / fingerprint(
         base, prompts, rm_version, gs, lora, weights)

@@ -1,6 +1,7 @@
 """Stage 2 (group `collaboration`): director-led group dialogues, group judgments, director GRPO."""
 
 import json
+from dataclasses import replace
 
 import dagster as dg
 import pandas as pd
@@ -143,13 +144,12 @@ def director_adapter(
 ) -> dg.MaterializeResult:
     """GRPO LoRA for the director: each sampled directive is rolled out for the next agent turn and
     rewarded by the group judge on the resulting block, plus a format reward for valid directives."""
-    from mascot_dag.assets.alignment import log_curves, lora_settings
+    from mascot_dag.assets.alignment import grpo_settings, log_curves, lora_settings
     from mascot_dag.lib.director_reward import (
         DirectiveFormatReward,
         GroupBlockReward,
         director_states,
     )
-    from mascot_dag.lib.training.config import GRPOSettings
     from mascot_dag.lib.training.grpo import train_grpo_adapter
 
     like = [f"{ROLLOUT_PREFIX}:%"]
@@ -170,12 +170,8 @@ def director_adapter(
                                 settings.block_size),
                DirectiveFormatReward(states, config.no_repeat)]
     weights = [1.0, settings.format_reward_weight]
-    gs = GRPOSettings(
-        max_steps=settings.director_steps, batch_size=settings.grpo_generations,
-        num_generations=settings.grpo_generations, max_completion_length=48,
-        learning_rate=settings.grpo_learning_rate, save_steps=1, seed=settings.seed,
-        use_cpu=settings.use_cpu, bf16=not settings.use_cpu,
-    )
+    # The director trains for director_steps and writes ~30-token JSON directives.
+    gs = replace(grpo_settings(settings, 48), max_steps=settings.director_steps)
     lora = lora_settings(settings)
     base = base_model_path(chat)
     prompts = [s.messages for s in states]
