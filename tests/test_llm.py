@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import dataclasses
 import os
 
 # torch's OpenMP workers spin while waiting; on a shared 2-core machine a descheduled worker makes
@@ -89,6 +90,23 @@ def test_same_seed_same_text_and_mixed_batches_keep_order(chat):
     backward = [r.text for r in chat.generate(reqs[::-1])]
     assert backward[::-1] == forward  # results follow the requests, whatever the grouping
     assert len(set(forward)) == len(forward)  # distinct prompts -> distinct answers
+
+
+def test_sampled_text_depends_on_its_seed_not_on_batch_or_threads(chat):
+    """Each row samples with its own generator: alone, in a batch, or in a parallel chunk."""
+    reqs = [chat_req(p, SAMPLED) for p in PROMPTS]
+    workers = chat.workers
+    try:
+        chat.workers = 1
+        one_call = [r.text for r in chat.generate(reqs)]
+        chat.workers = 2
+        two_threads = [r.text for r in chat.generate(reqs)]
+    finally:
+        chat.workers = workers
+    assert two_threads == one_call
+    assert chat.generate([reqs[2]])[0].text == one_call[2]
+    reseeded = dataclasses.replace(reqs[2].sampling, seed=reqs[2].sampling.seed + 1)
+    assert chat.generate([dataclasses.replace(reqs[2], sampling=reseeded)])[0].text != one_call[2]
 
 
 def test_bad_requests_name_the_index(chat, tmp_path):

@@ -209,6 +209,12 @@ def test_reward_model_trains_and_scores(base_model_path, tmp_path):
     assert reward(c, prompts=p) == pytest.approx([2 * s for s in scorer.score(p, c)])
     with pytest.raises(ValueError, match="needs the prompts"):
         reward(c)
+    # A `reward_prompt` column (the RM's own short prompt form) wins over the policy prompt.
+    short = [prompt(SITUATIONS[1])] * 2
+    assert reward(c, prompts=p, reward_prompt=short) == pytest.approx(
+        [2 * s for s in scorer.score(short, c)]
+    )
+    assert scorer.score(short, c) != pytest.approx(scorer.score(p, c))
 
 
 def _heldout(settings: RewardModelSettings) -> list[dict]:
@@ -242,6 +248,32 @@ def grpo_settings(**overrides) -> GRPOSettings:
     return GRPOSettings(**{**base, **overrides})
 
 
+class ColumnSeen:
+    """A zero reward that records the `tag` dataset column TRL hands to reward functions."""
+
+    __name__ = "column_seen"
+
+    def __init__(self) -> None:
+        self.seen: list = []
+
+    def __call__(self, completions, tag=None, **kwargs):
+        self.seen += list(tag or [])
+        return [0.0] * len(completions)
+
+
+def test_grpo_columns_are_validated():
+    from mascot_dag.lib.training.grpo import _clean_prompts
+
+    rows = _clean_prompts([prompt("a"), prompt("b")], {"tag": ["x", "y"]})
+    assert [r["tag"] for r in rows] == ["x", "y"] and rows[0]["prompt"] == prompt("a")
+    with pytest.raises(ValueError, match="'tag' needs one value per prompt"):
+        _clean_prompts([prompt("a"), prompt("b")], {"tag": ["x"]})
+    with pytest.raises(ValueError, match="reserved"):
+        _clean_prompts([prompt("a")], {"prompt": ["x"]})
+    with pytest.raises(ValueError, match="column 'rp' #0: every message needs"):
+        _clean_prompts([prompt("a")], {"rp": [[{"text": "no role"}]]})
+
+
 @pytest.mark.slow
 def test_grpo_trains_and_resumes_after_interruption(base_model_path, tmp_path):
     """One GRPO run interrupted after step 1 (StopAfterSteps), then resumed to max_steps=2.
@@ -251,21 +283,23 @@ def test_grpo_trains_and_resumes_after_interruption(base_model_path, tmp_path):
     """
     from mascot_dag.lib.training.grpo import StopAfterSteps, train_grpo_adapter
 
+    seen = ColumnSeen()
     args = (
         base_model_path,
         [prompt(s) for s in SITUATIONS[:2]],
-        [format_reward(other_names=["The Catalyst"]), hash_reward],
-        [1.0, 1.0],
+        [format_reward(other_names=["The Catalyst"]), hash_reward, seen],
+        [1.0, 1.0, 0.0],
         grpo_settings(save_steps=1),  # checkpoint every step so that the interruption loses nothing
         LORA,
         tmp_path / "grpo",
     )
-    first = train_grpo_adapter(*args, callbacks=[StopAfterSteps(1)])
+    columns = {"tag": ["first", "second"]}
+    first = train_grpo_adapter(*args, callbacks=[StopAfterSteps(1)], columns=columns)
     assert first.steps == 1 and not first.completed and first.resumed_from is None
     assert (tmp_path / "grpo" / "checkpoints" / "checkpoint-1").is_dir()
 
     snap = snapshot_callback()
-    second = train_grpo_adapter(*args, callbacks=[snap])
+    second = train_grpo_adapter(*args, callbacks=[snap], columns=columns)
     assert second.resumed_from is not None and second.resumed_from.endswith("checkpoint-1")
     assert snap.steps_run == 1, "the resumed run should only do the missing step"
     assert second.steps == 2 and second.completed
@@ -278,7 +312,9 @@ def test_grpo_trains_and_resumes_after_interruption(base_model_path, tmp_path):
     # The curves span both runs: step 1 comes from the checkpoint's history.
     assert [s for s, _ in second.reward_curve] == [1, 2]
     assert [s for s, _ in second.kl_curve] == [1, 2]
-    assert set(second.reward_func_curves) == {"format_reward", "hash_reward"}
+    assert set(second.reward_func_curves) == {"format_reward", "hash_reward", "column_seen"}
+    # Each step scores one prompt's 2 generations; the column travels with its prompt.
+    assert len(seen.seen) == 4 and set(seen.seen) <= {"first", "second"}
     assert second.reward_start == first.reward_end
     assert 0.0 < second.trainable_percent < 1.0
     assert second.seconds_per_step and second.seconds_per_step > 0

@@ -4,6 +4,8 @@ Both log params, curves and adapters to MLflow and register model versions; chec
 MASCOT_HOME/checkpoints/<asset>/<fingerprint of data+settings>, so an interrupted run resumes.
 """
 
+import functools
+
 import dagster as dg
 import pandas as pd
 
@@ -18,8 +20,8 @@ from mascot_dag.assets.registry import REWARD_MODEL as REWARD_MODEL_NAME
 from mascot_dag.assets.registry import latest_version
 from mascot_dag.lib.home import Home
 from mascot_dag.lib.judges.base import ResponseItem
-from mascot_dag.lib.preferences import candidate_messages
-from mascot_dag.lib.tables import context_from_row
+from mascot_dag.lib.preferences import candidate_messages, persona_tag, reward_messages
+from mascot_dag.lib.tables import card_from_row, context_from_row
 from mascot_dag.lib.types import ChatRequest, SamplingParams
 from mascot_dag.resources.judge import EmbeddedJudgeResource
 from mascot_dag.resources.llm import ChatModelResource
@@ -53,8 +55,14 @@ def _system_prompts(store: DuckDBStore, style: str) -> dict[str, str]:
     return dict(zip(df.persona_id, df.system_prompt, strict=True))
 
 
-def preference_examples(store: DuckDBStore, style: str) -> list[dict]:
-    """preference_pairs joined to texts -> [{"prompt": messages, "chosen", "rejected"}]."""
+def persona_tags(store: DuckDBStore) -> dict[str, str]:
+    """persona_id -> the short tag the reward model reads (see lib.preferences.reward_messages)."""
+    cards = store.query("SELECT * FROM personas").to_dict("records")
+    return {r["persona_id"]: persona_tag(card_from_row(r)) for r in cards}
+
+
+def preference_examples(store: DuckDBStore) -> list[dict]:
+    """preference_pairs joined to texts -> [{"prompt": RM messages, "chosen", "rejected"}]."""
     df = store.query(
         "SELECT p.pair_id, p.persona_id, p.context_id, c.text AS chosen, r.text AS rejected "
         "FROM preference_pairs p JOIN candidates c ON c.candidate_id = p.chosen_id "
@@ -64,13 +72,22 @@ def preference_examples(store: DuckDBStore, style: str) -> list[dict]:
         r["context_id"]: context_from_row(r)
         for r in store.query("SELECT * FROM contexts").to_dict("records")
     }
-    prompts = _system_prompts(store, style)
+    tags = persona_tags(store)
     return [
         {"pair_id": r.pair_id,
-         "prompt": candidate_messages(prompts[r.persona_id], ctx[r.context_id]),
+         "prompt": reward_messages(tags[r.persona_id], ctx[r.context_id]),
          "chosen": r.chosen, "rejected": r.rejected}
         for r in df.itertuples()
     ]
+
+
+@functools.lru_cache(maxsize=1)
+def _reward_scorer(base: str, rm_dir: str):
+    """One loaded reward model per process and version: the demo trains every persona's adapter
+    in the same process, one partition run after another, against the same RM version."""
+    from mascot_dag.lib.training.reward_model import RewardScorer
+
+    return RewardScorer(base, rm_dir)
 
 
 def log_curves(tracking: MLflowResource, curves: dict[str, list]) -> None:
@@ -96,7 +113,7 @@ def persona_reward_model(
     from mascot_dag.lib.training.config import RewardModelSettings
     from mascot_dag.lib.training.reward_model import train_reward_model
 
-    pairs = preference_examples(store, settings.prompt_style)
+    pairs = preference_examples(store)
     if len(pairs) < 2:
         raise ValueError(
             f"only {len(pairs)} preference pairs: sample more candidates (k_candidates, "
@@ -105,13 +122,13 @@ def persona_reward_model(
     rm = RewardModelSettings(
         max_steps=settings.reward_steps, batch_size=settings.reward_batch_size,
         save_steps=max(1, settings.reward_steps // 2), seed=settings.seed,
-        train_accuracy_pairs=32,  # each pair costs two forward passes of ~350 tokens
+        train_accuracy_pairs=16,  # two forward passes per pair; the held-out side is the measure
         use_cpu=settings.use_cpu, bf16=not settings.use_cpu,
     )
     lora = lora_settings(settings)
     base = base_model_path(chat)
     out = Home.from_env().checkpoints / "persona_reward_model" / fingerprint(
-        base, [p["pair_id"] for p in pairs], rm, lora)
+        base, [(p["pair_id"], p["prompt"]) for p in pairs], rm, lora)
     with tracking.start_run(EXPERIMENT, "persona-reward-model",
                             {"asset": "persona_reward_model"}) as run:
         tracking.log_params({"base_model": base, "pairs": len(pairs), **rm.__dict__,
@@ -172,13 +189,14 @@ def persona_adapters(
     """GRPO LoRA adapter of one persona; reward = reward-model score + format reward."""
     from mascot_dag.lib.rewards import format_reward, reward_model_reward
     from mascot_dag.lib.training.grpo import train_grpo_adapter
-    from mascot_dag.lib.training.reward_model import RewardScorer
-
     persona = context.partition_key
     roster = load_roster(store, settings.train_persona_set)
     card = next(c for c in roster if c.persona_id == persona)
     system = _system_prompts(store, settings.prompt_style)[persona]
-    prompts = [candidate_messages(system, c) for c in train_contexts(store, settings)]
+    ctxs = train_contexts(store, settings)
+    prompts = [candidate_messages(system, c) for c in ctxs]
+    # The reward model reads its own short form of each prompt (a dataset column TRL passes on).
+    reward_prompts = [reward_messages(persona_tag(card), c) for c in ctxs]
     home = Home.from_env()
     rm_version = latest_version(tracking, REWARD_MODEL_NAME)
     if rm_version is None:
@@ -186,7 +204,7 @@ def persona_adapters(
     base = base_model_path(chat)
     rm_dir = tracking.download_adapter(f"models:/{REWARD_MODEL_NAME}/{rm_version}",
                                        home.checkpoints / "downloads" / f"rm-{rm_version}")
-    scorer = RewardScorer(base, rm_dir)
+    scorer = _reward_scorer(base, str(rm_dir))
     others = [c.name for c in roster if c.persona_id != persona]
     rewards = [reward_model_reward(scorer), format_reward(other_names=others)]
     weights = [settings.reward_model_weight, settings.format_reward_weight]
@@ -199,7 +217,8 @@ def persona_adapters(
         tracking.log_params({"base_model": base, "persona": persona, "prompts": len(prompts),
                              "reward_model_version": rm_version, "reward_weights": weights,
                              **gs.__dict__, "lora": lora.__dict__})
-        result = train_grpo_adapter(base, prompts, rewards, weights, gs, lora, out)
+        result = train_grpo_adapter(base, prompts, rewards, weights, gs, lora, out,
+                                    columns={"reward_prompt": reward_prompts})
         log_curves(tracking, {"reward": result.reward_curve, "kl": result.kl_curve,
                                "loss": result.loss_curve, **result.reward_func_curves})
         tracking.log_adapter(result.adapter_dir)

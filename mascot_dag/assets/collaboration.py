@@ -170,8 +170,9 @@ def director_adapter(
                                 settings.block_size),
                DirectiveFormatReward(states, config.no_repeat)]
     weights = [1.0, settings.format_reward_weight]
-    # The director trains for director_steps and writes ~30-token JSON directives.
-    gs = replace(grpo_settings(settings, 48), max_steps=settings.director_steps)
+    # The director trains for director_steps, with the directive budget it has in dialogues.
+    gs = replace(grpo_settings(settings, config.max_new_tokens_director),
+                 max_steps=settings.director_steps)
     lora = lora_settings(settings)
     base = base_model_path(chat)
     prompts = [s.messages for s in states]

@@ -31,6 +31,26 @@ def candidate_messages(system_prompt: str, context: Context) -> list[Message]:
     ]
 
 
+def reward_messages(persona_tag: str, context: Context) -> list[Message]:
+    """What the reward model reads before a response: a one-line persona tag and the seeker's
+    opening, instead of the policy's full persona prompt.
+
+    The RM is trained across all personas, so it must see WHICH persona a response is for; the tag
+    ("The Anchor, an emotional validator") says that in ~10 tokens where the few-shot prompt takes
+    ~270. On CPU a forward pass costs time in proportion to its tokens, and the RM runs on every
+    pair in training, on every held-out pair, and on every GRPO completion.
+    """
+    return [
+        {"role": "system", "content": f"Persona: {persona_tag}."},
+        {"role": "user", "content": seeker_opening(context)},
+    ]
+
+
+def persona_tag(card) -> str:
+    """`The Anchor, an emotional validator` (a card's name and role; see `reward_messages`)."""
+    return f"{card.name}, {card.role}"
+
+
 def candidate_id(context_id: str, persona_id: str, sample_idx: int) -> str:
     return f"{context_id}|{persona_id}|{sample_idx}"
 

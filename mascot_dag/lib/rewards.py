@@ -100,7 +100,12 @@ def format_reward(
 
 
 class RewardModelReward:
-    """`weight * score` of a trained reward model (a `RewardScorer`) per prompt + completion."""
+    """`weight * score` of a trained reward model (a `RewardScorer`) per prompt + completion.
+
+    When the dataset has a `reward_prompt` column (TRL passes dataset columns as keyword
+    arguments), the RM reads that instead of the policy prompt: it was trained on the short
+    `reward_messages` form, not on the policy's full persona prompt.
+    """
 
     __name__ = "reward_model"
 
@@ -109,8 +114,13 @@ class RewardModelReward:
         self.weight = weight
 
     def __call__(
-        self, completions: Sequence[Any], prompts: Sequence[Any] | None = None, **kwargs: Any
+        self,
+        completions: Sequence[Any],
+        prompts: Sequence[Any] | None = None,
+        reward_prompt: Sequence[Any] | None = None,
+        **kwargs: Any,
     ) -> list[float | None]:
+        prompts = reward_prompt if reward_prompt is not None else prompts
         if prompts is None:
             raise ValueError(
                 "reward_model_reward needs the prompts (TRL passes them as prompts=...)"

@@ -69,9 +69,15 @@ class TransformersChatResource(ChatModelResource):
         default=None, description="torch CPU threads; None = torch's default."
     )
 
+    workers: int | None = Field(
+        default=None,
+        description="Batches generated side by side in threads (one torch thread each); "
+        "None = 2 on a CPU with 2+ cores, 1 on a GPU.",
+    )
+
     def _build(self) -> Any:
         backend = _shared_transformers(
-            self.model, _models_dir(self.models_dir), self.batch_size, self.threads
+            self.model, _models_dir(self.models_dir), self.batch_size, self.threads, self.workers
         )
         for name, path in self.adapters.items():
             backend.add_adapter(name, path)  # idempotent for the same name and folder
@@ -79,13 +85,17 @@ class TransformersChatResource(ChatModelResource):
 
 
 @functools.lru_cache(maxsize=2)
-def _shared_transformers(model: str, models_dir: str, batch_size: int, threads: int | None) -> Any:
+def _shared_transformers(
+    model: str, models_dir: str, batch_size: int, threads: int | None, workers: int | None
+) -> Any:
     """One loaded model per process and configuration: the lineage runs many short in-process
     runs (one per stage and partition) and each would otherwise reload the model. Adapters added
     by one run stay available to later ones; their names carry the registry version."""
     from mascot_dag.lib.llm.transformers_backend import TransformersChat
 
-    return TransformersChat(model, models_dir, adapters={}, batch_size=batch_size, threads=threads)
+    return TransformersChat(
+        model, models_dir, adapters={}, batch_size=batch_size, threads=threads, workers=workers
+    )
 
 
 class OpenAIChatResource(ChatModelResource):

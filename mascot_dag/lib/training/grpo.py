@@ -50,27 +50,44 @@ class GRPOResult:
         return self.steps >= self.max_steps
 
 
-def _clean_prompts(prompts: list[list[dict]]) -> list[dict]:
+def _clean_messages(prompt: Any, where: str) -> list[dict]:
+    if not isinstance(prompt, list) or not prompt:
+        raise ValueError(f"{where} must be a non-empty list of {{role, content}} dicts")
+    msgs = []
+    for m in prompt:
+        if not isinstance(m, dict) or "role" not in m or "content" not in m:
+            raise ValueError(f"{where}: every message needs 'role' and 'content', got {m!r}")
+        # One struct type for the Arrow column: exactly these two keys.
+        msgs.append({"role": str(m["role"]), "content": str(m["content"])})
+    return msgs
+
+
+def _clean_prompts(
+    prompts: list[list[dict]], columns: dict[str, list] | None = None
+) -> list[dict]:
+    columns = columns or {}
+    if "prompt" in columns:
+        raise ValueError("GRPO column 'prompt' is reserved for the prompts themselves")
+    for name, values in columns.items():
+        if len(values) != len(prompts):
+            raise ValueError(
+                f"GRPO column {name!r} needs one value per prompt ({len(prompts)}), "
+                f"got {len(values)}"
+            )
     rows = []
     for i, prompt in enumerate(prompts):
-        if not isinstance(prompt, list) or not prompt:
-            raise ValueError(
-                f"GRPO prompt #{i} must be a non-empty list of {{role, content}} dicts"
-            )
-        msgs = []
-        for m in prompt:
-            if not isinstance(m, dict) or "role" not in m or "content" not in m:
-                raise ValueError(
-                    f"GRPO prompt #{i}: every message needs 'role' and 'content', got {m!r}"
-                )
-            # One struct type for the Arrow column: exactly these two keys.
-            msgs.append({"role": str(m["role"]), "content": str(m["content"])})
+        msgs = _clean_messages(prompt, f"GRPO prompt #{i}")
         if msgs[-1]["role"] == "assistant":
             raise ValueError(
                 f"GRPO prompt #{i} ends with an assistant message: the model would continue it; "
                 "end prompts with the user (or system) turn to be answered"
             )
-        rows.append({"prompt": msgs})
+        row: dict[str, Any] = {"prompt": msgs}
+        for name, values in columns.items():
+            v = values[i]
+            is_messages = isinstance(v, list)
+            row[name] = _clean_messages(v, f"GRPO column {name!r} #{i}") if is_messages else v
+        rows.append(row)
     return rows
 
 
@@ -84,11 +101,14 @@ def train_grpo_adapter(
     output_dir: Path,
     resume: bool = True,
     callbacks: list | None = None,
+    columns: dict[str, list] | None = None,
 ) -> GRPOResult:
     """Train a LoRA adapter with GRPO on conversational prompts; adapter -> output_dir/adapter.
 
     `reward_funcs` follow TRL's form (see lib/rewards.py); `reward_weights` (one per function,
-    None = all 1.0) weight their sum. `callbacks=[StopAfterSteps(n)]` simulates an interruption.
+    None = all 1.0) weight their sum. `columns` are extra per-prompt dataset columns that TRL hands
+    to every reward function as keyword arguments (e.g. `reward_prompt`).
+    `callbacks=[StopAfterSteps(n)]` simulates an interruption.
     """
     import torch
     from datasets import Dataset
@@ -126,7 +146,7 @@ def train_grpo_adapter(
         model=base_model,
         reward_funcs=list(reward_funcs),
         args=args,
-        train_dataset=Dataset.from_list(_clean_prompts(prompts)),
+        train_dataset=Dataset.from_list(_clean_prompts(prompts, columns)),
         processing_class=tokenizer,
         peft_config=lora.to_peft("CAUSAL_LM"),
         callbacks=[timer, *(callbacks or [])],
