@@ -40,7 +40,8 @@ def settings_for(name: str):
             max_train_contexts=0, k_candidates=8, max_new_tokens=256, temperature=1.0,
             reward_steps=500, reward_batch_size=32, grpo_steps=300, grpo_generations=8,
             grpo_completion_tokens=256, grpo_learning_rate=1e-5, lora_r=16, use_cpu=False,
-            rollout_dialogues=256, agent_turns=12, block_size=4, director_steps=200,
+            rollout_dialogues=256, agent_turns=12, agents_per_round=2, block_size=4,
+            director_steps=200, prompt_style="few_shot",
             eval_contexts=0, sft_steps=300,
         )
     return LineageSettings()

@@ -49,6 +49,7 @@ def dialogue_config(settings: LineageSettings, **overrides) -> DialogueConfig:
         max_new_tokens_agent=settings.max_new_tokens,
         max_new_tokens_user=max(16, settings.max_new_tokens - 8),
         prompt_style=settings.prompt_style,
+        agents_per_round=settings.agents_per_round,
     )
     return DialogueConfig(**{**base, **overrides})
 

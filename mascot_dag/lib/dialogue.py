@@ -72,7 +72,7 @@ class DialogueConfig:
     no_repeat: bool = True  # nobody speaks twice in a row (director retries, then falls back)
     agents_per_round: int = 2  # support mode: the user replies after every round of agents
     max_new_tokens_agent: int = 48
-    max_new_tokens_director: int = 40  # a directive JSON is ~25-35 tokens
+    max_new_tokens_director: int = 48  # a directive JSON is ~25-45 tokens (base model: mean 30, max 46)
     max_new_tokens_user: int = 40
     temperature: float = 0.7
     director_temperature: float | None = None  # None = temperature

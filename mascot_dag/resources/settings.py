@@ -11,7 +11,8 @@ class LineageSettings(dg.ConfigurableResource):
     15 minutes on 2 CPU cores. On CPU time is roughly proportional to tokens processed (prefill
     ~350 tokens/s, one decode step ~0.1-0.25 s for SmolLM2-135M), so these sizes are token budgets:
     4 train contexts x K=4, 24-token turns, zero-shot persona prompts, GRPO groups of 2, one
-    dialogue per mode with 3 agent turns, one eval context per mode. docs/DESIGN.md has the
+    dialogue per mode with 2 agent turns (the user replies between them), one eval context per
+    mode. docs/DESIGN.md has the
     measured stage times."""
 
     seed: int = Field(default=0, description="Base seed of every sampled generation and split.")
@@ -34,7 +35,7 @@ class LineageSettings(dg.ConfigurableResource):
     preference_delta: float = Field(
         default=0.5, description="Minimum mean-score gap (1-5 scale) for a preference pair."
     )
-    reward_steps: int = Field(default=4, description="RewardTrainer optimisation steps.")
+    reward_steps: int = Field(default=3, description="RewardTrainer optimisation steps.")
     reward_batch_size: int = Field(default=8, description="RewardTrainer batch size.")
     grpo_steps: int = Field(default=2, description="GRPO steps per persona adapter.")
     grpo_generations: int = Field(
@@ -47,8 +48,12 @@ class LineageSettings(dg.ConfigurableResource):
     lora_r: int = Field(default=8, description="LoRA rank for every adapter.")
     use_cpu: bool = Field(default=True, description="Train on CPU (no bf16).")
     rollout_dialogues: int = Field(default=1, description="Stage 2 dialogues per mode.")
-    agent_turns: int = Field(default=3, description="Agent turns per dialogue.")
+    agent_turns: int = Field(default=2, description="Agent turns per dialogue.")
+    agents_per_round: int = Field(
+        default=1,
+        description="Support mode: agent turns between two simulated-user replies (a round).",
+    )
     block_size: int = Field(default=4, description="N: turns per judged block.")
     director_steps: int = Field(default=2, description="GRPO steps for the director.")
     eval_contexts: int = Field(default=1, description="Eval contexts per mode (0 = all).")
-    sft_steps: int = Field(default=3, description="SFT baseline steps.")
+    sft_steps: int = Field(default=2, description="SFT baseline steps.")
