@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import json
 import dataclasses
+import json
 import os
 
 # torch's OpenMP workers spin while waiting; on a shared 2-core machine a descheduled worker makes

@@ -14,6 +14,21 @@ from mascot_dag.lib.training.config import _TrainSettings
 Curve = list[tuple[int, float]]
 
 
+def clean_messages(messages: Any, where: str) -> list[dict[str, str]]:
+    """A chat prompt as exactly [{role, content}] dicts; errors name `where` (row, column).
+
+    Arrow needs one struct type for a column of messages, so only these two keys are kept.
+    """
+    if not isinstance(messages, list) or not messages:
+        raise ValueError(f"{where} must be a non-empty list of {{role, content}} dicts")
+    out = []
+    for m in messages:
+        if not isinstance(m, dict) or "role" not in m or "content" not in m:
+            raise ValueError(f"{where}: every message needs 'role' and 'content', got {m!r}")
+        out.append({"role": str(m["role"]), "content": str(m["content"])})
+    return out
+
+
 def trainer_kwargs(settings: _TrainSettings, checkpoint_dir: Path) -> dict[str, Any]:
     """Keyword arguments common to RewardConfig, GRPOConfig and SFTConfig."""
     return {

@@ -18,6 +18,7 @@ from typing import Any
 
 from mascot_dag.lib.training.common import (
     Curve,
+    clean_messages,
     curve,
     load_tokenizer,
     prepare_checkpoints,
@@ -50,18 +51,6 @@ class GRPOResult:
         return self.steps >= self.max_steps
 
 
-def _clean_messages(prompt: Any, where: str) -> list[dict]:
-    if not isinstance(prompt, list) or not prompt:
-        raise ValueError(f"{where} must be a non-empty list of {{role, content}} dicts")
-    msgs = []
-    for m in prompt:
-        if not isinstance(m, dict) or "role" not in m or "content" not in m:
-            raise ValueError(f"{where}: every message needs 'role' and 'content', got {m!r}")
-        # One struct type for the Arrow column: exactly these two keys.
-        msgs.append({"role": str(m["role"]), "content": str(m["content"])})
-    return msgs
-
-
 def _clean_prompts(
     prompts: list[list[dict]], columns: dict[str, list] | None = None
 ) -> list[dict]:
@@ -76,7 +65,7 @@ def _clean_prompts(
             )
     rows = []
     for i, prompt in enumerate(prompts):
-        msgs = _clean_messages(prompt, f"GRPO prompt #{i}")
+        msgs = clean_messages(prompt, f"GRPO prompt #{i}")
         if msgs[-1]["role"] == "assistant":
             raise ValueError(
                 f"GRPO prompt #{i} ends with an assistant message: the model would continue it; "
@@ -86,7 +75,7 @@ def _clean_prompts(
         for name, values in columns.items():
             v = values[i]
             is_messages = isinstance(v, list)
-            row[name] = _clean_messages(v, f"GRPO column {name!r} #{i}") if is_messages else v
+            row[name] = clean_messages(v, f"GRPO column {name!r} #{i}") if is_messages else v
         rows.append(row)
     return rows
 

@@ -20,6 +20,7 @@ from typing import Any
 from mascot_dag.lib.rewards import completion_text
 from mascot_dag.lib.training.common import (
     Curve,
+    clean_messages,
     curve,
     load_tokenizer,
     prepare_checkpoints,
@@ -43,18 +44,6 @@ class RewardModelResult:
     seconds_per_step: float | None
     resumed_from: str | None = None
     heldout_margins: list[float] = field(default_factory=list)  # score(chosen) - score(rejected)
-
-
-def _clean_messages(messages: Any, where: str) -> list[dict[str, str]]:
-    if not isinstance(messages, list) or not messages:
-        raise ValueError(f"{where}: 'prompt' must be a non-empty list of {{role, content}} dicts")
-    out = []
-    for m in messages:
-        if not isinstance(m, dict) or "role" not in m or "content" not in m:
-            raise ValueError(f"{where}: every prompt message needs 'role' and 'content', got {m!r}")
-        # Arrow needs one struct type for the column: keep exactly these two keys.
-        out.append({"role": str(m["role"]), "content": str(m["content"])})
-    return out
 
 
 def split_pairs(
@@ -194,7 +183,7 @@ def train_reward_model(
                 raise ValueError(f"{where}: '{k}' must be a non-empty string")
         clean.append(
             {
-                "prompt": _clean_messages(p.get("prompt"), where),
+                "prompt": clean_messages(p.get("prompt"), f"{where}: 'prompt'"),
                 "chosen": p["chosen"],
                 "rejected": p["rejected"],
             }
