@@ -21,7 +21,7 @@ from mascot_dag.assets.registry import latest_version
 from mascot_dag.lib.home import Home
 from mascot_dag.lib.judges.base import ResponseItem
 from mascot_dag.lib.preferences import candidate_messages, persona_tag, reward_messages
-from mascot_dag.lib.tables import card_from_row, context_from_row
+from mascot_dag.lib.tables import context_from_row
 from mascot_dag.lib.types import ChatRequest, SamplingParams
 from mascot_dag.resources.judge import EmbeddedJudgeResource
 from mascot_dag.resources.llm import ChatModelResource
@@ -55,13 +55,7 @@ def _system_prompts(store: DuckDBStore, style: str) -> dict[str, str]:
     return dict(zip(df.persona_id, df.system_prompt, strict=True))
 
 
-def persona_tags(store: DuckDBStore) -> dict[str, str]:
-    """persona_id -> the short tag the reward model reads (see lib.preferences.reward_messages)."""
-    cards = store.query("SELECT * FROM personas").to_dict("records")
-    return {r["persona_id"]: persona_tag(card_from_row(r)) for r in cards}
-
-
-def preference_examples(store: DuckDBStore) -> list[dict]:
+def preference_examples(store: DuckDBStore, persona_set: str) -> list[dict]:
     """preference_pairs joined to texts -> [{"prompt": RM messages, "chosen", "rejected"}]."""
     df = store.query(
         "SELECT p.pair_id, p.persona_id, p.context_id, c.text AS chosen, r.text AS rejected "
@@ -72,7 +66,8 @@ def preference_examples(store: DuckDBStore) -> list[dict]:
         r["context_id"]: context_from_row(r)
         for r in store.query("SELECT * FROM contexts").to_dict("records")
     }
-    tags = persona_tags(store)
+    # The short tag the reward model reads (see lib.preferences.reward_messages).
+    tags = {c.persona_id: persona_tag(c) for c in load_roster(store, persona_set)}
     return [
         {"pair_id": r.pair_id,
          "prompt": reward_messages(tags[r.persona_id], ctx[r.context_id]),
@@ -113,7 +108,7 @@ def persona_reward_model(
     from mascot_dag.lib.training.config import RewardModelSettings
     from mascot_dag.lib.training.reward_model import train_reward_model
 
-    pairs = preference_examples(store)
+    pairs = preference_examples(store, settings.train_persona_set)
     if len(pairs) < 2:
         raise ValueError(
             f"only {len(pairs)} preference pairs: sample more candidates (k_candidates, "
