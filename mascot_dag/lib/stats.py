@@ -175,3 +175,63 @@ def judge_agreement(eval_scores: pd.DataFrame) -> pd.DataFrame:
             rho = spearman(g["value_a"].tolist(), g["value_b"].tolist())
             rows.append([ja, jb, crit, len(g), rho])
     return pd.DataFrame(rows, columns=cols)
+
+
+def paired_cluster_bootstrap(
+    clusters: Sequence[Any],
+    differences: Sequence[float | None],
+    n: int = 2000,
+    alpha: float = 0.05,
+    seed: int = 0,
+) -> dict[str, float]:
+    """Mean of paired differences with a bootstrap CI that resamples whole CLUSTERS.
+
+    Each difference is (treatment - control) on one paired unit (the same context, persona and
+    seed under both arms); `clusters` names the unit's context. Units of one context are not
+    independent (they share the situation), so the bootstrap draws contexts with replacement and
+    keeps all of a context's units together. The estimate is the mean over units.
+
+    Returns {"mean", "lo", "hi", "n_units", "n_clusters", "p_two_sided"}: `p_two_sided` is the
+    bootstrap share of resampled means on the other side of zero, doubled (capped at 1). With no
+    units every value is NaN except the counts; with one cluster the CI is the point estimate.
+
+    >>> r = paired_cluster_bootstrap(["a", "a", "b", "c"], [1.0, 1.0, 2.0, 0.0], n=200)
+    >>> r["mean"], r["n_clusters"]
+    (1.0, 3.0)
+    """
+    if len(clusters) != len(differences):
+        raise ValueError(f"{len(clusters)} cluster ids but {len(differences)} differences")
+    if not 0 < alpha < 1:
+        raise ValueError(f"alpha must be in (0, 1), got {alpha}")
+    keep = [(c, float(d)) for c, d in zip(clusters, differences, strict=True)
+            if d is not None and not math.isnan(float(d))]
+    ids = sorted({c for c, _ in keep}, key=str)
+    out = {"n_units": float(len(keep)), "n_clusters": float(len(ids))}
+    if not keep:
+        return {"mean": math.nan, "lo": math.nan, "hi": math.nan, "p_two_sided": math.nan, **out}
+    index = {c: i for i, c in enumerate(ids)}
+    sums = np.zeros(len(ids))
+    counts = np.zeros(len(ids))
+    for c, d in keep:
+        sums[index[c]] += d
+        counts[index[c]] += 1
+    mean = float(sums.sum() / counts.sum())
+    rng = np.random.default_rng(seed)
+    draw = rng.integers(0, len(ids), size=(n, len(ids)))
+    # ratio estimator: total difference over total units of the resampled contexts
+    boot = sums[draw].sum(axis=1) / counts[draw].sum(axis=1)
+    lo, hi = np.quantile(boot, [alpha / 2, 1 - alpha / 2])
+    if mean > 0:
+        p = 2 * float(np.mean(boot <= 0))
+    elif mean < 0:
+        p = 2 * float(np.mean(boot >= 0))
+    else:
+        p = 1.0
+    return {"mean": mean, "lo": float(lo), "hi": float(hi), "p_two_sided": min(1.0, p), **out}
+
+
+def significance_mark(lo: float, hi: float) -> str:
+    """'*' when a 95% CI of a difference excludes zero, '' otherwise (NaN: '')."""
+    if any(math.isnan(x) for x in (lo, hi)):
+        return ""
+    return "*" if lo > 0 or hi < 0 else ""
