@@ -173,21 +173,32 @@ class _State:
         return idx
 
 
-def _opening(spec: DialogueSpec) -> tuple[str, str]:
-    ctx = spec.context
-    if spec.mode == "support":
+def _opening_of(ctx: Context, mode: str) -> tuple[str, str]:
+    if mode == "support":
         first = ctx.turns[0]["text"] if ctx.turns and ctx.turns[0].get("text") else ctx.situation
         return "user", " ".join(first.split())
     query = ctx.queries[0].get("query") if ctx.queries else None
     return "moderator", " ".join((query or ctx.topic or ctx.situation).split())
 
 
-def _agent_request(
-    st: _State, card: PersonaCard, directive: dict | None, config: DialogueConfig, idx: int
-) -> ChatRequest:
-    spec = st.spec
-    if config.persona_grounding:
-        system = system_prompt(card, config.prompt_style, spec.roster)
+def _opening(spec: DialogueSpec) -> tuple[str, str]:
+    return _opening_of(spec.context, spec.mode)
+
+
+def agent_messages(
+    card: PersonaCard,
+    context: Context,
+    history: list[dict],
+    roster: list[PersonaCard],
+    prompt_style: str,
+    directive: dict | None = None,
+    persona_grounding: bool = True,
+) -> tuple[Message, ...]:
+    """The messages an agent answers in a group dialogue (system: persona + directive; user:
+    context, transcript, ask). Public because Stage 1 trains the persona adapters on exactly this
+    form (`opening_agent_messages`): an adapter serves inside this request, so it learns there."""
+    if persona_grounding:
+        system = system_prompt(card, prompt_style, roster)
         ask = f"Write your next turn as {card.name}."
     else:
         system, ask = GENERIC_SYSTEM, "Write your next turn."
@@ -197,19 +208,44 @@ def _agent_request(
         system += (
             f"\nYour director asks you to: {directive['action']}, in a {directive['tone']} tone."
         )
-    history = format_history(st.history(), spec.roster, HISTORY_TURNS, with_ids=False)
+    transcript = format_history(history, roster, HISTORY_TURNS, with_ids=False)
     user = (
-        f"Context:\n{' '.join(spec.context.text.split())[:CONTEXT_CHARS]}\n\n"
-        f"Conversation so far:\n{history}\n\n{ask}"
+        f"Context:\n{' '.join(context.text.split())[:CONTEXT_CHARS]}\n\n"
+        f"Conversation so far:\n{transcript}\n\n{ask}"
     )
-    messages: tuple[Message, ...] = (
-        {"role": "system", "content": system},
-        {"role": "user", "content": user},
+    return ({"role": "system", "content": system}, {"role": "user", "content": user})
+
+
+def opening_history(context: Context, mode: Literal["support", "meeting"]) -> list[dict]:
+    """The transcript before the first agent turn: the context's opening (see `_opening`)."""
+    speaker, text = _opening_of(context, mode)
+    return [{"speaker": speaker, "text": text}]
+
+
+def opening_agent_messages(
+    card: PersonaCard,
+    context: Context,
+    roster: list[PersonaCard],
+    prompt_style: str,
+    mode: Literal["support", "meeting"] = "support",
+) -> list[Message]:
+    """The first agent request of a dialogue on `context`, without a directive: the prompt Stage 1
+    samples candidates on, trains the adapters on and probes them on."""
+    history = opening_history(context, mode)
+    return list(agent_messages(card, context, history, roster, prompt_style))
+
+
+def _agent_request(
+    st: _State, card: PersonaCard, directive: dict | None, config: DialogueConfig, idx: int
+) -> ChatRequest:
+    messages = agent_messages(
+        card, st.spec.context, st.history(), st.spec.roster, config.prompt_style, directive,
+        config.persona_grounding,
     )
     sampling = SamplingParams(
         max_new_tokens=config.max_new_tokens_agent,
         temperature=config.temperature,
-        seed=_seed(spec.seed, idx, 1),
+        seed=_seed(st.spec.seed, idx, 1),
     )
     return ChatRequest(messages, sampling, config.persona_adapters.get(card.persona_id))
 
