@@ -1,20 +1,140 @@
-"""Champion gate in both directions against a real MLflow sqlite registry."""
+"""Champion gate: paired per-context differences with a cluster-bootstrap CI (pure functions on
+eval_scores-shaped frames), and the alias moves against a real MLflow sqlite registry."""
 
 from __future__ import annotations
 
-import pandas as pd
+import json
+import math
 
-from mascot_dag.assets.evaluation import DIRECTOR_MODEL, apply_gate, current_champion_score
-from mascot_dag.lib.champion import decide_champion, overall_score
+import pandas as pd
+import pytest
+
+from mascot_dag.assets.evaluation import (
+    DIRECTOR_MODEL,
+    apply_gate,
+    champion_exists,
+    current_champion_scores,
+)
+from mascot_dag.lib.champion import (
+    Decision,
+    gate_decision,
+    gate_tracking,
+    paired_overall,
+    relabel_method,
+)
+from mascot_dag.lib.dialogue import DialogueRecord
+from mascot_dag.resources.store import DuckDBStore
 from mascot_dag.resources.tracking import MLflowResource
 
+# per-context base scores on the judges' 1-5 scale: contexts differ a lot (that is what pairing
+# removes), so an unpaired comparison of means would be noisy
+BASE = [2.0, 4.0, 3.0, 1.8, 3.8, 2.5, 3.5, 4.2, 1.6, 3.2, 2.2, 3.9]
 
-def _scores(value: float) -> pd.DataFrame:
-    return pd.DataFrame([
-        {"method": "mascot", "dialogue_id": "d1", "level": lvl, "judge": "embedded",
-         "criterion": c, "value": value, "higher_is_better": True}
-        for lvl, c in (("agent", "consistency"), ("collective", "fidelity"))
-    ])
+
+def _scores(per_method: dict[str, list[float]]) -> pd.DataFrame:
+    """eval_scores rows: one dialogue `eval:<method>:ctx<k>` per context, two criteria."""
+    rows = []
+    for method, values in per_method.items():
+        for k, v in enumerate(values):
+            for lvl, c in (("agent", "consistency"), ("collective", "fidelity")):
+                rows.append({"method": method, "dialogue_id": f"eval:{method}:ctx{k:02d}",
+                             "level": lvl, "judge": "embedded", "criterion": c, "value": v,
+                             "higher_is_better": True})
+    return pd.DataFrame(rows)
+
+
+def _shift(values: list[float], by: float, jitter: float = 0.0) -> list[float]:
+    return [v + by + (jitter if k % 2 else -jitter) for k, v in enumerate(values)]
+
+
+def test_candidate_equal_to_champion_is_not_promoted():
+    d = gate_decision(_scores({"mascot": BASE, "champion": BASE, "zero_shot": _shift(BASE, -0.5)}))
+    assert d.rule == "vs_champion" and d.comparator == "champion"
+    assert not d.promote
+    assert d.diff == pytest.approx(0.0) and d.ci_lo == pytest.approx(0.0)
+    assert d.n_contexts == len(BASE) and "n = 12" in d.reason
+
+
+def test_clearly_better_candidate_is_promoted():
+    d = gate_decision(_scores({"mascot": _shift(BASE, 0.5, 0.1), "champion": BASE}))
+    assert d.promote, d.reason
+    assert d.diff == pytest.approx(12.5)  # +0.5 on 1-5 = +12.5 on 0-100
+    assert 10.0 < d.ci_lo < 12.5 < d.ci_hi < 15.0
+    assert d.n_contexts == 12 and "promoted (beats the current champion)" in d.reason
+
+
+def test_margin_must_be_cleared_by_the_whole_ci():
+    scores = _scores({"mascot": _shift(BASE, 0.5, 0.1), "champion": BASE})
+    # differences are 10 and 15 points (half each): CI about [11.2, 13.8]
+    assert not gate_decision(scores, margin=12.0).promote  # mean 12.5 > margin, CI is not
+    assert gate_decision(scores, margin=5.0).promote
+    with pytest.raises(ValueError, match="margin"):
+        gate_decision(scores, margin=-1.0)
+
+
+def test_noisy_tiny_difference_with_two_contexts_is_not_promoted():
+    two = BASE[:2]
+    # both differences positive and tiny: a percentile CI over 2 contexts is [min, max] > 0
+    lucky = gate_decision(_scores({"mascot": _shift(two, 0.02, 0.01), "champion": two}))
+    assert lucky.ci_lo > 0 and lucky.n_contexts == 2
+    assert not lucky.promote and "2 paired contexts < 8" in lucky.reason
+    # noisy: even without the minimum the CI straddles zero
+    noisy = _scores({"mascot": [two[0] + 0.3, two[1] - 0.2], "champion": two})
+    d = gate_decision(noisy, min_contexts=1)
+    assert d.ci_lo < 0 < d.ci_hi and not d.promote
+
+
+def test_first_run_must_significantly_beat_zero_shot():
+    better = gate_decision(_scores({"mascot": _shift(BASE, 0.4, 0.1), "zero_shot": BASE}),
+                           champion_exists=False)
+    assert better.rule == "first_run_vs_zero_shot" and better.comparator == "zero_shot"
+    assert better.promote and "first champion" in better.reason
+    same = gate_decision(_scores({"mascot": _shift(BASE, 0.0, 0.2), "zero_shot": BASE}))
+    assert same.rule == "first_run_vs_zero_shot" and not same.promote
+    # champion rows present but the registry says there is none: still the first-run rule
+    d = gate_decision(_scores({"mascot": _shift(BASE, 0.4), "champion": _shift(BASE, 0.8),
+                               "zero_shot": BASE}), champion_exists=False)
+    assert d.comparator == "zero_shot" and d.promote
+
+
+def test_existing_champion_not_evaluated_fails_closed():
+    d = gate_decision(_scores({"mascot": _shift(BASE, 0.8), "zero_shot": BASE}),
+                      champion_exists=True)
+    assert not d.promote and d.n_contexts == 0 and "not evaluated in this run" in d.reason
+
+
+def test_pairs_by_context_not_by_row_order():
+    scores = _scores({"mascot": _shift(BASE, 0.5), "champion": BASE[:10]})
+    scores = scores.sample(frac=1.0, random_state=3)  # rows in any order
+    pairs = paired_overall(scores, "mascot", "champion")
+    assert len(pairs) == 10  # ctx10, ctx11 have no champion dialogue
+    assert pairs["diff"].tolist() == pytest.approx([12.5] * 10)
+    assert pairs["context_id"].tolist() == [f"ctx{k:02d}" for k in range(10)]
+
+
+def test_gate_tracking_records_decision_ci_and_n():
+    d = gate_decision(_scores({"mascot": _shift(BASE, 0.5, 0.1), "champion": BASE}))
+    params, metrics, tags = gate_tracking(d)
+    assert params["gate.comparator"] == "champion" and params["gate.margin"] == 0.0
+    assert metrics["gate.promote"] == 1.0 and metrics["gate.n_contexts"] == 12.0
+    assert metrics["gate.ci_lo"] == pytest.approx(d.ci_lo)
+    assert metrics["gate.diff"] == pytest.approx(12.5)
+    assert tags == {"champion_decision": "promote", "champion_rule": "vs_champion"}
+    empty = gate_decision(_scores({"mascot": BASE}), champion_exists=True)
+    _, m, _ = gate_tracking(empty)
+    assert "gate.ci_lo" not in m and not any(math.isnan(v) for v in m.values())
+
+
+def test_relabel_method_renames_ids_rows_turns_directives():
+    rec = DialogueRecord(
+        {"dialogue_id": "eval:mascot:ed:1", "method": "mascot", "context_id": "ed:1"},
+        [{"dialogue_id": "eval:mascot:ed:1", "turn_idx": 0}],
+        [{"dialogue_id": "eval:mascot:ed:1", "turn_idx": 0}])
+    (out,) = relabel_method([rec], "mascot", "champion")
+    assert out.dialogue["dialogue_id"] == "eval:champion:ed:1"
+    assert out.dialogue["method"] == "champion"
+    assert out.turns[0]["dialogue_id"] == out.directives[0]["dialogue_id"] == "eval:champion:ed:1"
+    assert rec.dialogue["method"] == "mascot"  # the input is not modified
 
 
 def _register(tracking: MLflowResource, tmp_path, name: str) -> str:
@@ -26,27 +146,54 @@ def _register(tracking: MLflowResource, tmp_path, name: str) -> str:
     return tracking.register_version(name, run)
 
 
-def test_gate_promotes_then_keeps(tmp_path):
+def test_gate_moves_alias_only_when_promoted(tmp_path):
     tracking = MLflowResource(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db",
                               artifact_root=str(tmp_path / "art"))
     tracking.configure()
     v1 = _register(tracking, tmp_path, DIRECTOR_MODEL)
-    assert current_champion_score(tracking) is None
-    first = decide_champion(overall_score(_scores(4.0), "mascot"), current_champion_score(tracking))
-    assert first.promote
-    moved = apply_gate(tracking, first, {DIRECTOR_MODEL: v1})
-    assert moved == [f"{DIRECTOR_MODEL}@{v1}"]
+    assert not champion_exists(tracking)
+    first = gate_decision(_scores({"mascot": _shift(BASE, 0.5), "zero_shot": BASE}),
+                          champion_exists(tracking))
+    assert first.promote and first.comparator == "zero_shot"
+    assert apply_gate(tracking, first, {DIRECTOR_MODEL: v1}) == [f"{DIRECTOR_MODEL}@{v1}"]
+    assert champion_exists(tracking)
     assert tracking.get_alias_version(DIRECTOR_MODEL, "champion") == v1
-    assert abs(current_champion_score(tracking) - 75.0) < 1e-6  # 4.0 on 1-5 -> 75 on 0-100
 
     (tmp_path / "second").mkdir()
     v2 = _register(tracking, tmp_path / "second", DIRECTOR_MODEL)
-    worse = decide_champion(overall_score(_scores(3.0), "mascot"), current_champion_score(tracking))
-    assert not worse.promote and "75.00" in worse.reason and "50.00" in worse.reason
-    assert apply_gate(tracking, worse, {DIRECTOR_MODEL: v2}) == []
+    same = gate_decision(_scores({"mascot": BASE, "champion": BASE}), champion_exists(tracking))
+    assert not same.promote
+    assert apply_gate(tracking, same, {DIRECTOR_MODEL: v2}) == []
     assert tracking.get_alias_version(DIRECTOR_MODEL, "champion") == v1
-
-    better = decide_champion(overall_score(_scores(4.5), "mascot"), current_champion_score(tracking))
+    better = gate_decision(_scores({"mascot": _shift(BASE, 0.5, 0.1), "champion": BASE}),
+                           champion_exists(tracking))
     assert better.promote
     apply_gate(tracking, better, {DIRECTOR_MODEL: v2})
     assert tracking.get_alias_version(DIRECTOR_MODEL, "champion") == v2
+    assert not apply_gate(tracking, Decision(False, "kept"), {DIRECTOR_MODEL: v1})
+
+
+def test_leftover_champion_dialogues_of_an_old_champion_are_not_compared(tmp_path):
+    tracking = MLflowResource(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db",
+                              artifact_root=str(tmp_path / "art"))
+    tracking.configure()
+    v1 = _register(tracking, tmp_path, DIRECTOR_MODEL)
+    (tmp_path / "second").mkdir()
+    v2 = _register(tracking, tmp_path / "second", DIRECTOR_MODEL)
+    tracking.set_alias(DIRECTOR_MODEL, "champion", v2)
+    store = DuckDBStore(path=str(tmp_path / "m.duckdb"))
+    scores = _scores({"mascot": _shift(BASE, 0.5), "champion": BASE})
+
+    def champion_ran_with(version: str) -> None:
+        store.replace("dialogues", pd.DataFrame([{
+            "dialogue_id": "eval:champion:ctx00", "stage": "eval", "method": "champion",
+            "context_id": "ctx00", "mode": "support", "user_profile": None, "seed": 0,
+            "n_turns": 2, "models": json.dumps({"director": f"{DIRECTOR_MODEL}@v{version}"})}]))
+
+    champion_ran_with(v1)  # left over from before the alias moved to v2
+    kept = current_champion_scores(store, tracking, scores)
+    assert "champion" not in set(kept["method"])
+    assert not gate_decision(kept, champion_exists(tracking)).promote
+    champion_ran_with(v2)
+    assert len(current_champion_scores(store, tracking, scores)) == len(scores)
+    assert gate_decision(current_champion_scores(store, tracking, scores), True).promote

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from mascot_dag.lib.champion import decide_champion, dialogue_overall, overall_score
+from mascot_dag.lib.champion import dialogue_overall, gate_decision, overall_score
+from mascot_dag.lib.paper import load_published
 from mascot_dag.lib.report import ReportInputs, build_report
 from mascot_dag.lib.stats import win_rates
 from mascot_dag.lib.types import AGENT_CRITERIA, COLLECTIVE_CRITERIA
@@ -13,14 +14,22 @@ from mascot_dag.lib.types import AGENT_CRITERIA, COLLECTIVE_CRITERIA
 # Per-dialogue judge score (1-5) of every criterion: 0-100 = [75, 100, 75, 100] for mascot etc.
 RAW = {"mascot": [4, 5, 4, 5], "mascot_p": [3, 4, 3, 4], "zero_shot": [2, 3, 2, 3]}
 PROFILES = ["INTJ", "ENFP", "INTJ", "ENFP"]
+# context k of every method: ED positive, ED negative, QMSum academic, ED positive
+CONTEXTS = pd.DataFrame({
+    "context_id": ["c0", "c1", "c2", "c3"],
+    "source": ["empatheticdialogues", "empatheticdialogues", "qmsum", "empatheticdialogues"],
+    "domain": ["emotional_support", "emotional_support", "academic", "emotional_support"],
+    "valence": ["positive", "negative", None, "positive"],
+})
 
 
 def _tables(judges: tuple[str, ...] = ("llm", "embedded")) -> tuple[pd.DataFrame, pd.DataFrame]:
     scores, dialogues = [], []
     for method, values in RAW.items():
         for k, v in enumerate(values):
-            did = f"{method}-{k}"
-            dialogues.append({"dialogue_id": did, "method": method, "user_profile": PROFILES[k]})
+            did = f"eval:{method}:c{k}"
+            dialogues.append({"dialogue_id": did, "method": method, "context_id": f"c{k}",
+                              "user_profile": PROFILES[k]})
             for judge in judges:
                 for level, crits in (
                     ("agent", AGENT_CRITERIA),
@@ -48,28 +57,14 @@ def test_overall_score_is_mean_of_criteria_on_0_100():
                   criterion=AGENT_CRITERIA[4], value=1.0) for k in range(10)]  # fmt: skip
     assert overall_score(pd.DataFrame(rows), "m") == pytest.approx(100 * 8 / 9)
     per = dialogue_overall(scores).set_index("dialogue_id")["overall"]
-    assert per["mascot-1"] == pytest.approx(100.0)
+    assert per["eval:mascot:c1"] == pytest.approx(100.0)
 
 
 def test_judge_values_off_the_1_5_scale_are_rejected():
     scores, _ = _tables()
     scores.loc[0, "value"] = 87.0
-    with pytest.raises(ValueError, match="dialogue_id=mascot-0.*1-5 scale"):
+    with pytest.raises(ValueError, match="dialogue_id=eval:mascot:c0.*1-5 scale"):
         overall_score(scores, "mascot")
-
-
-def test_champion_decision_both_directions_and_first_champion():
-    up = decide_champion(80.0, 70.0, min_improvement=5.0)
-    assert up.promote and "80.00" in up.reason and "70.00" in up.reason
-    down = decide_champion(72.0, 70.0, min_improvement=5.0)
-    assert not down.promote and "72.00" in down.reason and "70.00" in down.reason
-    tie = decide_champion(70.0, 70.0)
-    assert not tie.promote
-    first = decide_champion(40.0, None)
-    assert first.promote and "no current champion" in first.reason and "40.00" in first.reason
-    assert not decide_champion(None, 70.0).promote
-    with pytest.raises(ValueError, match="min_improvement"):
-        decide_champion(1.0, 0.0, min_improvement=-1)
 
 
 def test_report_end_to_end(tmp_path):
@@ -79,9 +74,10 @@ def test_report_end_to_end(tmp_path):
     prov = {"speaker_model": "HuggingFaceTB/SmolLM2-135M-Instruct",
             "adapters": {"anchor": "persona-anchor v3"}, "judges": ["llm", "embedded"],
             "sizes": {"eval_contexts": 4}}  # fmt: skip
-    decision = decide_champion(overall_score(scores, "mascot"), 80.0)
+    decision = gate_decision(scores, champion_exists=False, min_contexts=4)
     res = build_report(
-        ReportInputs(scores, dialogues, wr, prov, decision, methods=[*RAW, "few_shot"]),
+        ReportInputs(scores, dialogues, wr, prov, decision, methods=[*RAW, "few_shot"],
+                     contexts=CONTEXTS),
         tmp_path / "rep",
     )
     md = res.markdown.read_text(encoding="utf-8")
@@ -89,14 +85,17 @@ def test_report_end_to_end(tmp_path):
         assert method in md
     assert "persona-anchor v3" in md and "SmolLM2-135M-Instruct" in md
     assert "self_bleu ↓" in md
-    assert "87.50" in md and "80.00" in md  # the champion reason states both numbers
+    # first run: mascot - zero_shot = +50 on each of the 4 contexts -> CI [50, 50], promoted
+    assert decision.promote and "**Decision:** promote" in md
+    assert "mascot − zero_shot = 50.00 [95% CI 50.00, 50.00], n = 4 paired contexts" in md
     assert "n/a (no judge rows)" in md  # few_shot has no rows
     assert "INTJ" in md and "ENFP" in md
     assert "mascot_c" in md and "n/a for mascot_c" in md
     assert res.headline["mascot"] == pytest.approx(87.5)
     assert res.headline["few_shot"] is None
     names = {p.name for p in res.plots}
-    assert names == {"criteria_by_method.png", "mbti_heatmap.png", "win_rates.png"}
+    assert names == {"criteria_by_method.png", "mbti_heatmap.png", "win_rates.png",
+                     "paper_comparison.png"}
     for p in res.plots:
         assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 1000
 
@@ -121,3 +120,67 @@ def test_report_refuses_inverted_metric_direction(tmp_path):
     scores.loc[scores["criterion"] == "self_bleu", "higher_is_better"] = True
     with pytest.raises(ValueError, match="self_bleu"):
         build_report(ReportInputs(scores, dialogues), tmp_path)
+
+
+def _with_noisy_method(scores: pd.DataFrame) -> pd.DataFrame:
+    """few_shot: mascot's scores +1/-1 alternating by context (mean 0 difference, noisy)."""
+    noisy = scores[scores["method"] == "mascot"].copy()
+    noisy["method"] = "few_shot"
+    noisy["dialogue_id"] = noisy["dialogue_id"].str.replace("eval:mascot:", "eval:few_shot:")
+    ctx = noisy["dialogue_id"].str[-1].astype(int)
+    judged = noisy["level"] != "automatic"
+    noisy.loc[judged, "value"] = (noisy.loc[judged, "value"]
+                                  + ctx[judged].map({0: 1.0, 1: -1.0, 2: 1.0, 3: -1.0}))
+    return pd.concat([scores, noisy], ignore_index=True)
+
+
+def test_comparisons_with_mascot_are_paired_with_ci_n_and_mark(tmp_path):
+    scores, dialogues = _tables()
+    scores = _with_noisy_method(scores)
+    md = build_report(ReportInputs(scores, dialogues, contexts=CONTEXTS), tmp_path).markdown
+    text = md.read_text(encoding="utf-8")
+    # zero_shot is 50 below mascot on every context although contexts differ by 25 points:
+    # pairing removes the context spread, so the CI is exact and significant
+    assert "+50.0 [+50.0, +50.0]* (n=4)" in text
+    # few_shot: differences -25, +25, -25, +25 on 0-100 -> mean 0, CI straddles 0, no mark
+    few = [ln for ln in text.splitlines() if ln.startswith("| few_shot | ")][0]
+    assert "+0.0 [-25.0, +25.0] (n=4)" in few and "*" not in few
+    # the ablation table shows the same paired difference for mascot_p
+    assert "62.5 (Δ +25.0 [+25.0, +25.0]* (n=4))" in text
+    assert "## Paired differences to MASCOT" in text
+
+
+def test_breakdown_by_valence_and_domain(tmp_path):
+    scores, dialogues = _tables()
+    text = build_report(ReportInputs(scores, dialogues, contexts=CONTEXTS),
+                        tmp_path).markdown.read_text(encoding="utf-8")
+    for head in ("### ED positive: agent-level", "### ED negative: collective-level",
+                 "### QMSum academic: agent-level"):
+        assert head in text
+    assert "### ED neutral" not in text  # no neutral context in the data
+    # ED positive = contexts c0, c3: mascot 75 and 100 -> 87.5 over 2 dialogues
+    assert "| mascot | 2 | 87.5 | 87.5 | 87.5 | 87.5 | 87.5 | 87.5 | – |" in text
+    assert "+25.0 (n=1, no CI)" in text  # one context: no interval, no mark
+    bare = build_report(ReportInputs(scores, dialogues), tmp_path / "bare")
+    bare_text = bare.markdown.read_text(encoding="utf-8")
+    assert "n/a (no context metadata" in bare_text
+    assert "n/a (no scored EmpatheticDialogues dialogue" in bare_text
+    assert "paper_comparison.png" not in {p.name for p in bare.plots}
+
+
+def test_paper_numbers_beside_ours(tmp_path):
+    published = load_published()
+    assert set(published["method"]) == {"mascot", "zero_shot", "zero_shot_cot", "few_shot",
+                                        "few_shot_cot", "sft", "self_consistency",
+                                        "multiagent_esc"}
+    scores, dialogues = _tables()
+    res = build_report(ReportInputs(scores, dialogues, contexts=CONTEXTS), tmp_path)
+    text = res.markdown.read_text(encoding="utf-8")
+    # the paper's MASCOT agent overall on positive ED is 76.9; ours over c0, c3 is 87.5 (n=2)
+    assert "| agent | mascot | 76.9 | 87.5 (n=2) | 70.5 | 100.0 (n=1) | 76.4 | n/a |" in text
+    assert "paper_comparison.png" in {p.name for p in res.plots}
+    bad = tmp_path / "bad.csv"
+    bad.write_text("level,dataset,split,method,criterion,score_0_100\n"
+                   "agent,empatheticdialogues,positive,GPT-9,overall,99\n")
+    with pytest.raises(ValueError, match="GPT-9"):
+        load_published(bad)

@@ -2,6 +2,7 @@
 reported, and the champion gate that moves the MLflow `champion` alias.
 """
 
+import dataclasses
 import json
 import random
 import time
@@ -31,7 +32,9 @@ from mascot_dag.resources.tracking import MLflowResource
 
 EXPERIMENT = "evaluation"
 SFT_MODEL = "mascot-sft-baseline"
-method_partitions = dg.StaticPartitionsDefinition(list(METHODS))
+# `champion` re-runs the current champion (MLflow alias) beside the candidate, on the same
+# contexts, users and seeds, so the gate compares paired dialogues of one run (lib/champion.py).
+method_partitions = dg.StaticPartitionsDefinition([*METHODS, gate.CHAMPION])
 
 
 def eval_specs(store: DuckDBStore, settings: LineageSettings):
@@ -75,15 +78,26 @@ def eval_dialogues(
     tracking: MLflowResource,
     settings: LineageSettings,
 ) -> dg.MaterializeResult:
-    """One method's dialogues on the eval split: same contexts, simulated users and seeds for all."""
+    """One method's dialogues on the eval split: same contexts, simulated users and seeds for all.
+
+    Partition `champion`: the `mascot` recipe with the versions under the MLflow alias `champion`;
+    no dialogues while no champion exists (the gate then compares against zero_shot)."""
     method = context.partition_key
     specs = eval_specs(store, settings)
     persona_ids = [c.persona_id for c in rosters(store)["support"]]
-    adapters, versions = attach_personas(chat, tracking, persona_ids)
-    director, director_version = attach(chat, tracking, DIRECTOR_MODEL)
+    alias = "champion" if method == gate.CHAMPION else None
+    adapters, versions = attach_personas(chat, tracking, persona_ids, alias)
+    director, director_version = attach(chat, tracking, DIRECTOR_MODEL, alias)
     sft = train_sft(store, chat, tracking, settings) if method == "sft" else None
-    records = run_method(method, specs, chat.backend().generate, dialogue_config(settings),
-                         persona_adapters=adapters, director_adapter=director, sft_adapter=sft)
+    if method == gate.CHAMPION:
+        # the director's alias marks a champion (apply_gate moves it with the personas')
+        records = gate.relabel_method(
+            run_method(gate.CANDIDATE, specs, chat.backend().generate, dialogue_config(settings),
+                       persona_adapters=adapters, director_adapter=director),
+            gate.CANDIDATE, gate.CHAMPION) if director else []
+    else:
+        records = run_method(method, specs, chat.backend().generate, dialogue_config(settings),
+                             persona_adapters=adapters, director_adapter=director, sft_adapter=sft)
     d, t, x = write_dialogues(store, records, f"eval:{method}")
     return dg.MaterializeResult(metadata=dialogue_metadata(
         d, t, x, method=method, persona_adapter_versions=versions,
@@ -166,11 +180,11 @@ def three_way_comparisons(
         mascot_wins=int((df.winner == "mascot").sum()) if len(df) else 0))
 
 
-def _mascot_versions(store: DuckDBStore) -> dict:
-    """Adapter versions the `mascot` eval dialogues used (what the gate would promote)."""
+def _mascot_versions(store: DuckDBStore, method: str = "mascot") -> dict:
+    """Adapter versions the method's eval dialogues used (`mascot`: what the gate would promote)."""
     out = {}
-    for models in store.query("SELECT models FROM dialogues WHERE method = 'mascot' "
-                              "AND stage = 'eval'").models:
+    for models in store.query("SELECT models FROM dialogues WHERE method = ? AND stage = 'eval'",
+                              [method]).models:
         m = json.loads(models)
         for name in [*m.get("personas", {}).values(), m.get("director")]:
             if name and "@v" in name:
@@ -179,19 +193,26 @@ def _mascot_versions(store: DuckDBStore) -> dict:
     return out
 
 
-def current_champion_score(tracking: MLflowResource) -> float | None:
-    version = tracking.get_alias_version(DIRECTOR_MODEL, "champion")
-    if version is None:
-        return None
-    from mlflow import MlflowClient
+def champion_exists(tracking: MLflowResource) -> bool:
+    """Whether a champion is set: the director's alias (apply_gate always moves it)."""
+    return tracking.get_alias_version(DIRECTOR_MODEL, "champion") is not None
 
-    tracking.configure()
-    tag = MlflowClient().get_model_version(DIRECTOR_MODEL, version).tags.get("eval_overall")
-    return float(tag) if tag else None
+
+def current_champion_scores(store: DuckDBStore, tracking: MLflowResource,
+                            scores: pd.DataFrame) -> pd.DataFrame:
+    """eval_scores without `champion` rows that another champion produced: a champion partition
+    left over from an earlier run (before the alias moved) must not stand in for the current one;
+    the gate then fails closed (no paired contexts)."""
+    alias = tracking.get_alias_version(DIRECTOR_MODEL, "champion")
+    used = _mascot_versions(store, gate.CHAMPION).get(DIRECTOR_MODEL)
+    if alias is not None and used == alias:
+        return scores
+    return scores[scores["method"] != gate.CHAMPION]
 
 
 def apply_gate(tracking: MLflowResource, decision, versions: dict) -> list[str]:
-    """Move `champion` to every version used, and remember the score on the director version."""
+    """Move `champion` to every version used; the director version keeps its overall score as
+    the tag `eval_overall` (informational: the gate re-evaluates the champion every run)."""
     from mlflow import MlflowClient
 
     if not decision.promote:
@@ -221,9 +242,12 @@ def eval_report(
     scores = store.query("SELECT * FROM eval_scores")
     dialogues = store.query("SELECT * FROM dialogues WHERE stage = 'eval'")
     comparisons = store.query("SELECT * FROM comparisons")
+    contexts = store.query("SELECT context_id, source, domain, valence FROM contexts")
     versions = _mascot_versions(store)
-    decision = gate.decide_champion(gate.overall_score(scores, "mascot"),
-                                    current_champion_score(tracking))
+    decision = gate.gate_decision(
+        current_champion_scores(store, tracking, scores), champion_exists(tracking),
+        margin=getattr(settings, "gate_margin", 0.0),
+        min_contexts=getattr(settings, "gate_min_contexts", 8), seed=settings.seed)
     provenance = {
         "base model": chat.model_name, "judges": sorted(scores.judge.unique().tolist()),
         "adapter versions used by mascot": versions or "none",
@@ -233,18 +257,22 @@ def eval_report(
     }
     out = Home.from_env().reports / time.strftime("%Y%m%d-%H%M%S")
     result = build_report(ReportInputs(scores, dialogues, win_rates(comparisons) if len(comparisons)
-                                       else None, provenance, decision, list(METHODS)), out)
+                                       else None, provenance, decision, list(METHODS),
+                                       contexts=contexts), out)
     latest = Home.from_env().reports / "latest.md"
     latest.write_text(result.markdown.read_text(encoding="utf-8").replace(
         "](", f"]({out.name}/"), encoding="utf-8")
     moved = apply_gate(tracking, decision, versions)
+    params, metrics, tags = gate.gate_tracking(decision)
     with tracking.start_run(EXPERIMENT, "eval-report", {"asset": "eval_report"}) as run:
-        tracking.log_params({"decision": decision.reason, **{f"version.{k}": v for k, v in versions.items()}})
+        tracking.log_params({**params, **{f"version.{k}": v for k, v in versions.items()}})
         for m, v in result.headline.items():
             if v is not None:
                 tracking.log_curve(f"overall.{m}", [(0, v)])
         import mlflow
 
+        mlflow.log_metrics(metrics)
+        mlflow.set_tags({**tags, "champion_moved": ",".join(moved) or "none"})
         mlflow.log_artifacts(str(out), artifact_path="report")
     return dg.MaterializeResult(
         metadata={
@@ -255,9 +283,13 @@ def eval_report(
             "mlflow_run_id": run.info.run_id,
             "champion_decision": decision.reason,
             "champion_moved": moved,
+            "champion_gate": {k: v for k, v in dataclasses.asdict(decision).items()
+                              if k != "reason"},
         },
         check_results=[dg.AssetCheckResult(
             check_name="champion_gate", passed=bool(decision.promote),
             severity=dg.AssetCheckSeverity.WARN,
-            description=decision.reason, metadata={"moved": moved})],
+            description=decision.reason,
+            metadata={"moved": moved, "rule": decision.rule, "n_contexts": decision.n_contexts,
+                      "diff": decision.diff, "ci_lo": decision.ci_lo, "ci_hi": decision.ci_hi})],
     )

@@ -7,20 +7,37 @@ average per (level, criterion) over dialogues and judges, then take the unweight
 criterion means. Each criterion counts once, however many dialogues or judges scored it; with the
 full rubric that is the mean of 9 criteria (5 agent-level + 4 collective).
 
-The champion (MLflow alias `champion`) moves only when the candidate's overall score beats the
-current champion's by more than `min_improvement` points.
+The champion gate works on PAIRED per-context differences of that per-dialogue overall score,
+because two methods run on the same contexts, users and seeds, and the context explains most of a
+score: differencing removes it, and the bootstrap resamples contexts (clusters), not dialogues.
+
+- Later runs: the current champion (the MLflow alias `champion` of the persona adapters and the
+  director) runs again in the same evaluation as method `champion`; the candidate (`mascot`) is
+  promoted only when the 95% cluster-bootstrap CI of (candidate - champion) lies entirely above
+  `margin` points (0-100 scale). Comparing against a score stored by an earlier run would compare
+  different contexts, seeds and judges, so noise alone could move the champion.
+- First run (no champion alias yet): the candidate must significantly beat `zero_shot` the same
+  way, so an untrained or broken MASCOT never becomes the first champion.
+- Either way at least `min_contexts` paired contexts are required: a percentile bootstrap over 2
+  contexts is just [min, max] of two differences, so two lucky positives would pass the CI rule.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import pandas as pd
 
+from mascot_dag.lib.stats import paired_cluster_bootstrap
 from mascot_dag.lib.types import to_100
 
 JUDGE_LEVELS = ("agent", "collective")
+CANDIDATE = "mascot"  # the method whose adapter versions the gate would promote
+CHAMPION = "champion"  # eval method: the `champion` alias versions, run like `mascot`
+FIRST_RUN_BASELINE = "zero_shot"  # what the first champion must significantly beat
 
 
 def judge_rows_100(eval_scores: pd.DataFrame) -> pd.DataFrame:
@@ -63,61 +80,176 @@ def dialogue_overall(eval_scores: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-@dataclass(frozen=True)
-class Decision:
-    promote: bool
-    reason: str
-    candidate: float | None = None
-    current: float | None = None
-
-
 def _fmt(x: float | None) -> str:
     return "none" if x is None else f"{x:.2f}"
 
 
-def decide_champion(
-    candidate_overall: float | None,
-    current_overall: float | None,
-    min_improvement: float = 0.0,
-) -> Decision:
-    """Promote when there is no current champion, or candidate > current + min_improvement.
+@dataclass(frozen=True)
+class Decision:
+    """The gate's verdict and the numbers it rests on (all scores and differences on 0-100)."""
 
-    A candidate without a score (no judge rows, all judgments failed) is never promoted. The reason
-    always states both numbers (0-100 overall scores).
+    promote: bool
+    reason: str
+    candidate: float | None = None  # candidate's overall score (all its dialogues)
+    current: float | None = None  # comparator's overall score (all its dialogues)
+    rule: str = ""  # "vs_champion" | "first_run_vs_zero_shot"
+    comparator: str | None = None  # eval method compared against
+    diff: float | None = None  # mean paired difference candidate - comparator
+    ci_lo: float | None = None
+    ci_hi: float | None = None
+    n_contexts: int = 0  # paired contexts (clusters) the difference is averaged over
+    p_two_sided: float | None = None
+    margin: float = 0.0
+    min_contexts: int = 0
+
+
+def context_of(dialogue_id: str, method: str) -> str:
+    """The context of an eval dialogue id `<prefix>:<method>:<context_id>` (pairing key).
+
+    Ids of another shape are returned whole, so they pair with nothing rather than wrongly.
     """
-    if min_improvement < 0:
-        raise ValueError(f"min_improvement must be >= 0 points, got {min_improvement}")
-    if candidate_overall is not None and math.isnan(candidate_overall):
-        candidate_overall = None
-    if current_overall is not None and math.isnan(current_overall):
-        current_overall = None
-    cand, cur = _fmt(candidate_overall), _fmt(current_overall)
-    if candidate_overall is None:
-        return Decision(
-            False,
-            f"not promoted: the candidate has no overall score (candidate {cand}, current {cur})",
-            candidate_overall,
-            current_overall,
-        )
-    if current_overall is None:
-        return Decision(
-            True,
-            f"promoted: no current champion (candidate {cand}, current {cur})",
-            candidate_overall,
-            current_overall,
-        )
-    threshold = current_overall + min_improvement
-    if candidate_overall > threshold:
-        return Decision(
-            True,
-            f"promoted: candidate {cand} > current {cur} + min_improvement {min_improvement:g}",
-            candidate_overall,
-            current_overall,
-        )
-    return Decision(
-        False,
-        f"kept current champion: candidate {cand} <= current {cur} + min_improvement "
-        f"{min_improvement:g}",
-        candidate_overall,
-        current_overall,
-    )
+    marker = f":{method}:"
+    at = dialogue_id.find(marker)
+    return dialogue_id[at + len(marker):] if at >= 0 else dialogue_id
+
+
+def with_context(per: pd.DataFrame, dialogues: pd.DataFrame | None = None) -> pd.DataFrame:
+    """`per` (method, dialogue_id, ...) plus a context_id column: from `dialogues` (the table's
+    dialogue_id -> context_id) where it knows the dialogue, else parsed from the id."""
+    known = {}
+    if dialogues is not None and {"dialogue_id", "context_id"} <= set(dialogues.columns):
+        known = dict(zip(dialogues["dialogue_id"], dialogues["context_id"], strict=True))
+    out = per.copy()
+    out["context_id"] = [known.get(d) or context_of(d, m)
+                         for d, m in zip(out["dialogue_id"], out["method"], strict=True)]
+    return out
+
+
+def pair_methods(per: pd.DataFrame, candidate: str, comparator: str, value: str = "overall"
+                 ) -> pd.DataFrame:
+    """Per-context `value` of two methods on the contexts both have (from `with_context` rows).
+
+    Columns: context_id, candidate, comparator, diff (candidate - comparator), sorted by context.
+    A context with several dialogues of one method (e.g. several seeds) is averaged first.
+    """
+    cols = ["context_id", "candidate", "comparator", "diff"]
+    sel = per[per["method"].isin([candidate, comparator])].dropna(subset=[value])
+    if sel.empty:
+        return pd.DataFrame(columns=cols)
+    by = sel.groupby(["method", "context_id"])[value].mean()
+    present = set(by.index.get_level_values(0))
+    if candidate not in present or comparator not in present:
+        return pd.DataFrame(columns=cols)
+    a, b = by[candidate].rename("candidate"), by[comparator].rename("comparator")
+    both = pd.concat([a, b], axis=1, join="inner").rename_axis("context_id").reset_index()
+    both["diff"] = both["candidate"] - both["comparator"]
+    return both.sort_values("context_id").reset_index(drop=True)[cols]
+
+
+def paired_overall(eval_scores: pd.DataFrame, candidate: str, comparator: str) -> pd.DataFrame:
+    """`pair_methods` of the per-dialogue overall scores (context from the dialogue id)."""
+    if eval_scores.empty:
+        return pd.DataFrame(columns=["context_id", "candidate", "comparator", "diff"])
+    per = dialogue_overall(eval_scores[eval_scores["method"].isin([candidate, comparator])])
+    return pair_methods(with_context(per), candidate, comparator)
+
+
+def paired_difference(
+    eval_scores: pd.DataFrame, candidate: str, comparator: str, n_boot: int = 2000, seed: int = 0
+) -> dict[str, float]:
+    """`stats.paired_cluster_bootstrap` of the per-context overall differences (one unit per
+    context, clustered by context): {mean, lo, hi, n_units, n_clusters, p_two_sided}."""
+    pairs = paired_overall(eval_scores, candidate, comparator)
+    return paired_cluster_bootstrap(pairs["context_id"].tolist(), pairs["diff"].tolist(),
+                                    n=n_boot, seed=seed)
+
+
+def _opt(x: float) -> float | None:
+    return None if x is None or math.isnan(x) else float(x)
+
+
+def gate_decision(
+    eval_scores: pd.DataFrame,
+    champion_exists: bool | None = None,
+    margin: float = 0.0,
+    min_contexts: int = 8,
+    n_boot: int = 2000,
+    seed: int = 0,
+) -> Decision:
+    """Promote `mascot` only when its paired CI against the comparator lies above `margin`.
+
+    champion_exists: whether the MLflow alias `champion` is set (None: inferred from `champion`
+    rows in eval_scores). When it exists but was not scored in this run, nothing is promoted:
+    a gate without its comparator must fail closed.
+    """
+    if margin < 0:
+        raise ValueError(f"margin must be >= 0 points, got {margin}")
+    if min_contexts < 1:
+        raise ValueError(f"min_contexts must be >= 1, got {min_contexts}")
+    methods = set(eval_scores["method"]) if "method" in eval_scores else set()
+    if champion_exists is None:
+        champion_exists = CHAMPION in methods
+    comparator = CHAMPION if champion_exists else FIRST_RUN_BASELINE
+    rule = "vs_champion" if champion_exists else "first_run_vs_zero_shot"
+    cand_all = overall_score(eval_scores, CANDIDATE) if CANDIDATE in methods else None
+    comp_all = overall_score(eval_scores, comparator) if comparator in methods else None
+    r = paired_difference(eval_scores, CANDIDATE, comparator, n_boot=n_boot, seed=seed)
+    n = int(r["n_clusters"])
+    base = Decision(False, "", cand_all, comp_all, rule, comparator, _opt(r["mean"]),
+                    _opt(r["lo"]), _opt(r["hi"]), n, _opt(r["p_two_sided"]), margin, min_contexts)
+    stats = (f"{CANDIDATE} - {comparator} = {_fmt(base.diff)} points, 95% cluster-bootstrap CI "
+             f"[{_fmt(base.ci_lo)}, {_fmt(base.ci_hi)}], n = {n} paired contexts, margin "
+             f"{margin:g}, min contexts {min_contexts}")
+    if n == 0:
+        why = (f"no paired contexts of {CANDIDATE} and {comparator} with judge scores"
+               + (" (the champion exists but was not evaluated in this run)"
+                  if champion_exists else ""))
+        return dataclasses.replace(base, reason=f"not promoted: {why}; {stats}")
+    if n < min_contexts:
+        return dataclasses.replace(
+            base, reason=f"not promoted: {n} paired contexts < {min_contexts} (too few for a "
+                         f"trustworthy CI); {stats}")
+    if base.ci_lo is not None and base.ci_lo > margin:
+        what = "beats the current champion" if champion_exists else (
+            "first champion: significantly beats zero_shot")
+        return dataclasses.replace(base, promote=True, reason=f"promoted ({what}): {stats}")
+    what = "kept current champion" if champion_exists else "no first champion"
+    return dataclasses.replace(
+        base, reason=f"not promoted ({what}): the CI lower bound is not above the margin; {stats}")
+
+
+def gate_tracking(decision: Decision) -> tuple[dict[str, Any], dict[str, float], dict[str, str]]:
+    """(params, metrics, tags) for the eval run in MLflow; undefined numbers are left out,
+    because MLflow metrics must be numbers and a missing CI is not a CI of 0."""
+    params = {"gate.rule": decision.rule, "gate.comparator": decision.comparator or "none",
+              "gate.margin": decision.margin, "gate.min_contexts": decision.min_contexts,
+              "decision": decision.reason[:500]}  # MLflow caps a param value at 500 chars
+    metrics = {"gate.promote": float(decision.promote),
+               "gate.n_contexts": float(decision.n_contexts)}
+    for k in ("diff", "ci_lo", "ci_hi", "p_two_sided", "candidate", "current"):
+        v = getattr(decision, k)
+        if v is not None and not math.isnan(v):
+            metrics[f"gate.{k}"] = float(v)
+    tags = {"champion_decision": "promote" if decision.promote else "keep",
+            "champion_rule": decision.rule}
+    return params, metrics, tags
+
+
+def relabel_method(records: list, old: str, new: str) -> list:
+    """Dialogue records run as method `old` renamed to method `new` (ids, rows, turns, directives).
+
+    The champion runs through the `mascot` recipe (methods.run_method knows no `champion`), and
+    its rows must not overwrite the candidate's: `eval:mascot:<cid>` -> `eval:champion:<cid>`.
+    """
+    out = []
+    for r in records:
+        did, cid = r.dialogue["dialogue_id"], r.dialogue["context_id"]
+        suffix = f":{old}:{cid}"
+        if not did.endswith(suffix):
+            raise ValueError(f"{did}: expected a dialogue id ending in {suffix!r}")
+        new_id = f"{did.removesuffix(suffix)}:{new}:{cid}"
+        out.append(dataclasses.replace(
+            r, dialogue={**r.dialogue, "dialogue_id": new_id, "method": new},
+            turns=[{**t, "dialogue_id": new_id} for t in r.turns],
+            directives=[{**d, "dialogue_id": new_id} for d in r.directives]))
+    return out

@@ -10,8 +10,8 @@ show a lower-is-better metric as if higher were better. Plots use matplotlib's A
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, is_dataclass
 from pathlib import Path
 from typing import Any
@@ -21,6 +21,18 @@ import pandas as pd
 
 from mascot_dag.lib.champion import dialogue_overall, judge_rows_100, overall_score
 from mascot_dag.lib.metrics import METRICS
+from mascot_dag.lib.paper import load_published, results_path
+from mascot_dag.lib.report_sections import (
+    PAIRED_NOTE,
+    breakdown_section,
+    diff_cell,
+    md_table,
+    paired,
+    paired_section,
+    paper_section,
+    per_dialogue_items,
+    save_png,
+)
 from mascot_dag.lib.stats import bootstrap_ci, judge_agreement, mean_std
 from mascot_dag.lib.types import AGENT_CRITERIA, COLLECTIVE_CRITERIA
 
@@ -33,9 +45,11 @@ SCORE_COLUMNS = [
     "value",
     "higher_is_better",
 ]
-# Reading order of methods: MASCOT, its ablations, then the paper's baselines; others follow a-z.
-METHOD_ORDER = ["mascot", "mascot_p", "mascot_c", "zero_shot", "zero_shot_cot", "few_shot",
-                "few_shot_cot", "sft", "self_consistency", "multiagent_esc"]  # fmt: skip
+# Reading order of methods: MASCOT, its ablations, the current champion re-run beside it (the
+# gate's comparator), then the paper's baselines; others follow a-z.
+METHOD_ORDER = ["mascot", "mascot_p", "mascot_c", "champion", "zero_shot", "zero_shot_cot",
+                "few_shot", "few_shot_cot", "sft", "self_consistency",
+                "multiagent_esc"]
 ABLATIONS = ["mascot", "mascot_p", "mascot_c"]
 ARROW = {True: "↑", False: "↓", None: "–"}
 
@@ -49,6 +63,8 @@ class ReportInputs:
     champion: dict[str, Any] | Any | None = None  # dict or `champion.Decision`
     methods: list[str] | None = None  # methods expected; those without rows show as n/a
     title: str = "MASCOT evaluation report"
+    contexts: pd.DataFrame | None = None  # `contexts` rows (context_id, source, valence, domain)
+    paper_results: Path | None = field(default_factory=results_path)  # None: no paper section
 
 
 @dataclass
@@ -67,10 +83,8 @@ def _methods(data: ReportInputs, scores: pd.DataFrame) -> list[str]:
     return known + sorted(found - set(known))
 
 
-def _table(header: list[str], rows: Iterable[list[Any]]) -> list[str]:
-    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    out += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
-    return out + [""]
+_table = md_table
+_save = save_png
 
 
 def _num(x: float | None, digits: int = 1) -> str:
@@ -98,15 +112,6 @@ def _per_dialogue(judge: pd.DataFrame, method: str, level: str, criterion: str) 
     sel = judge[(judge["method"] == method) & (judge["level"] == level)]
     sel = sel[sel["criterion"] == criterion]
     return sel.groupby("dialogue_id")["value"].mean().tolist()
-
-
-def _save(fig: Any, path: Path, plots: list[Path]) -> None:
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-
-    FigureCanvasAgg(fig)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plots.append(path)
 
 
 def _criteria_section(scores, judge, methods, out_dir, plots) -> list[str]:
@@ -156,7 +161,7 @@ def _criteria_section(scores, judge, methods, out_dir, plots) -> list[str]:
     return lines + ["### Overall by judge", ""] + _table(["method"] + judges, rows)
 
 
-def _ablation_section(scores: pd.DataFrame, judge: pd.DataFrame) -> list[str]:
+def _ablation_section(scores: pd.DataFrame, judge: pd.DataFrame, per: pd.DataFrame) -> list[str]:
     lines = [
         "## Ablations: MASCOT vs MASCOT-P (no persona grounding) vs MASCOT-C (random order)",
         "",
@@ -182,10 +187,11 @@ def _ablation_section(scores: pd.DataFrame, judge: pd.DataFrame) -> list[str]:
             elif m == "mascot" or means[m] is None or means["mascot"] is None:
                 row.append(_num(means[m]))
             else:
-                row.append(f"{means[m]:.1f} ({means[m] - means['mascot']:+.1f})")
+                col = f"{lv}/{c}" if lv else "overall"
+                row.append(f"{means[m]:.1f} (Δ {diff_cell(paired(per, m, col))})")
         rows.append(row)
     lines += _table(["criterion"] + ABLATIONS, rows)
-    lines.append("Parentheses: difference to mascot.")
+    lines.append("Parentheses: " + PAIRED_NOTE)
     if missing:
         lines.append(f"n/a for {', '.join(missing)}: no judge scores for that method.")
     return lines + [""]
@@ -308,23 +314,32 @@ def build_report(data: ReportInputs, out_dir: Path) -> ReportResult:
     out_dir.mkdir(parents=True, exist_ok=True)
     scores = data.eval_scores.reindex(columns=SCORE_COLUMNS)
     dialogues = data.dialogues if data.dialogues is not None else pd.DataFrame()
-    data = ReportInputs(scores, dialogues, data.win_rates, data.provenance or {}, data.champion,
-                        data.methods, data.title)  # fmt: skip
+    data = dataclasses.replace(data, eval_scores=scores, dialogues=dialogues,
+                               provenance=data.provenance or {})
     methods = _methods(data, scores)
     judge = judge_rows_100(scores)
     plots: list[Path] = []
     headline = {m: overall_score(scores, m) for m in methods}
     per = dialogue_overall(scores)
+    items = per_dialogue_items(judge, dialogues)
+    rubrics = {"agent": AGENT_CRITERIA, "collective": COLLECTIVE_CRITERIA}
     lines = [f"# {data.title}", "", "## Overall score by method (0-100)", "",
              "Mean of the per-criterion means of all agent-level and collective judge criteria "
-             "(see `mascot_dag/lib/champion.py`); CI: bootstrap over dialogues.", ""]  # fmt: skip
+             "(see `mascot_dag/lib/champion.py`); CI: bootstrap over dialogues. Last column: "
+             + PAIRED_NOTE, ""]  # fmt: skip
     rows = []
     for m in methods:
         vals = per.loc[per["method"] == m, "overall"].tolist()
-        rows.append([m, _num(headline[m]), _cell(vals) if vals else "n/a (no judge rows)"])
-    lines += _table(["method", "overall", "per-dialogue mean ± std [CI] (n)"], rows)
+        delta = "–" if m == "mascot" else diff_cell(paired(items, m))
+        rows.append([m, _num(headline[m]), _cell(vals) if vals else "n/a (no judge rows)", delta])
+    lines += _table(["method", "overall", "per-dialogue mean ± std [CI] (n)",
+                     "Δ mascot − method [95% CI] (n)"], rows)
+    lines += paired_section(items, methods, rubrics)
     lines += _criteria_section(scores, judge, methods, out_dir, plots)
-    lines += _ablation_section(scores, judge)
+    lines += _ablation_section(scores, judge, items)
+    lines += breakdown_section(items, data.contexts, methods, rubrics)
+    published = load_published(data.paper_results) if data.paper_results else None
+    lines += paper_section(items, data.contexts, published, out_dir, plots)
     lines += _mbti_section(per, dialogues, methods, out_dir, plots)
     lines += _agreement_section(scores)
     lines += _automatic_section(scores, methods)
@@ -338,6 +353,11 @@ def build_report(data: ReportInputs, out_dir: Path) -> ReportResult:
     else:
         verdict = "promote" if champ.get("promote") else "keep current champion"
         lines += [f"**Decision:** {verdict}", "", f"{champ.get('reason', 'n/a (no reason)')}", ""]
+        if champ.get("comparator"):
+            lines += [f"**Gate:** mascot − {champ['comparator']} = {_num(champ.get('diff'), 2)} "
+                      f"[95% CI {_num(champ.get('ci_lo'), 2)}, {_num(champ.get('ci_hi'), 2)}], "
+                      f"n = {champ.get('n_contexts', 0)} paired contexts, promote only if the CI "
+                      f"lies above {champ.get('margin', 0):g}", ""]
         lines += _bullets({k: v for k, v in champ.items() if k not in ("promote", "reason")})
     md = out_dir / "report.md"
     md.write_text("\n".join(lines) + "\n", encoding="utf-8")
