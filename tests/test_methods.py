@@ -8,20 +8,24 @@ import pytest
 
 from mascot_dag.lib.dialogue import GENERIC_SYSTEM, DialogueConfig
 from mascot_dag.lib.methods import (
+    ALL_METHODS,
     ASSISTANT,
+    COT_INSTRUCTION,
     ESC_ANALYST_SYSTEM,
     ESC_STRATEGIES,
     METHODS,
+    PROMPTING_BASELINES,
     SINGLE_AGENT,
     ZERO_SHOT_SYSTEM,
     baseline_system,
     extract_cot_response,
     method_plan,
     most_consistent,
+    persona_baseline_system,
     run_method,
     sft_examples,
 )
-from mascot_dag.lib.personas import load_personas, personas_of_set
+from mascot_dag.lib.personas import load_personas, personas_of_set, system_prompt
 from mascot_dag.lib.rollout import build_specs
 from mascot_dag.lib.types import Context
 from mascot_dag.lib.users import load_user_profiles
@@ -94,7 +98,7 @@ def runs(base_model_path, lora_path):
         base_model_path, models_dir=".", adapters={"sft-lora": lora_path}, batch_size=8
     )
     out = {}
-    for m in METHODS:
+    for m in ALL_METHODS:
         rec = Recorder(chat)
         out[m] = (run_method(m, SPECS, rec, CONFIG, sft_adapter="sft-lora"), rec)
     return out
@@ -113,7 +117,7 @@ def _agent_calls(rec):
 
 
 def test_every_method_runs_with_method_ids(runs):
-    assert set(runs) == set(METHODS)
+    assert set(runs) == set(ALL_METHODS) and "zero_shot_single" not in METHODS
     for m, (records, _) in runs.items():
         assert [r.dialogue["dialogue_id"] for r in records] == [f"eval:{m}:ed-1", f"eval:{m}:qm-1"]
         for r in records:
@@ -128,7 +132,8 @@ def test_every_method_runs_with_method_ids(runs):
         ]
 
 
-def test_single_agent_methods_speak_as_the_assistant_only(runs):
+def test_single_voice_methods_speak_as_the_assistant_only(runs):
+    assert set(SINGLE_AGENT) == {"multiagent_esc", "zero_shot_single"}
     for m in SINGLE_AGENT:
         records, rec = runs[m]
         speakers = {t["speaker"] for r in records for t in r.turns if t["role"] == "agent"}
@@ -136,22 +141,64 @@ def test_single_agent_methods_speak_as_the_assistant_only(runs):
         assert not any(r.directives for r in records)
         # the backend never sees the generic placeholder prompt: the wrapper rewrote it
         assert not any(r.messages[0]["content"] == GENERIC_SYSTEM for c in rec.calls for r in c)
+    single = _agent_calls(runs["zero_shot_single"][1])
+    assert {r.messages[0]["content"] for c in single for r in c} == {ZERO_SHOT_SYSTEM}
     support_ids = {c.persona_id for c in ROSTERS["support"]}
     mascot_speakers = {t["speaker"] for t in runs["mascot"][0][0].turns if t["role"] == "agent"}
     assert mascot_speakers <= support_ids and mascot_speakers
 
 
-def test_prompting_baselines_use_their_system_prompt(runs):
-    for m in ("zero_shot", "few_shot", "zero_shot_cot", "few_shot_cot"):
-        systems = {r.messages[0]["content"] for c in _agent_calls(runs[m][1]) for r in c}
-        assert systems == {baseline_system(m)}, m
-    assert "Thoughts:" in baseline_system("few_shot_cot") and "Examples:" in baseline_system(
-        "few_shot_cot"
-    )
+def _roster(record):
+    return ROSTERS["support" if record.dialogue["mode"] == "support" else "workplace"]
+
+
+def test_prompting_baselines_speak_as_the_roster_in_round_robin(runs):
+    """Turn k of a prompting baseline is spoken by roster[k % n] with that persona's prompt."""
+    assert set(PROMPTING_BASELINES) == set(METHODS) - {
+        "multiagent_esc",
+        "mascot",
+        "mascot_p",
+        "mascot_c",
+    }
+    for m in PROMPTING_BASELINES:
+        records, rec = runs[m]
+        for r in records:
+            roster = _roster(r)
+            agent = [t["speaker"] for t in r.turns if t["role"] == "agent"]
+            assert agent == [roster[k % len(roster)].persona_id for k in range(len(agent))], m
+            assert not r.directives
+            models = json.loads(r.dialogue["models"])
+            assert models["speaker_policy"] == "round_robin" and models["persona_grounding"]
+        # every agent request the backend saw carries the speaking persona's baseline prompt
+        expected = {
+            persona_baseline_system(c, m, _roster(r))
+            for r in records
+            for c in _roster(r)
+            if c.persona_id in {t["speaker"] for t in r.turns}
+        }
+        seen = {r.messages[0]["content"] for c in _agent_calls(rec) for r in c}
+        assert seen == expected, m
+        assert not any(r.messages[0]["content"] == GENERIC_SYSTEM for c in rec.calls for r in c)
+
+
+def test_prompting_baselines_use_their_prompting_style(runs):
+    roster = ROSTERS["support"]
+    anchor = roster[0]
+    zs = persona_baseline_system(anchor, "zero_shot", roster)
+    assert zs == system_prompt(anchor, "zero_shot", roster)
+    fs = persona_baseline_system(anchor, "few_shot", roster)
+    assert anchor.examples[0] in fs and anchor.examples[0] not in zs
+    for m in ("zero_shot_cot", "few_shot_cot"):
+        cot = persona_baseline_system(anchor, m, roster)
+        assert cot.endswith(COT_INSTRUCTION) and cot.startswith(f"You are {anchor.name},")
+    assert anchor.examples[0] in persona_baseline_system(anchor, "few_shot_cot")
+    assert anchor.examples[0] not in persona_baseline_system(anchor, "zero_shot_cot")
     cot_budgets = {
         r.sampling.max_new_tokens for c in _agent_calls(runs["zero_shot_cot"][1]) for r in c
     }
     assert cot_budgets == {2 * CONFIG.max_new_tokens_agent}
+    plain = {r.sampling.max_new_tokens for c in _agent_calls(runs["few_shot"][1]) for r in c}
+    assert plain == {CONFIG.max_new_tokens_agent}
 
 
 def test_user_simulator_requests_pass_through_unchanged(runs):
@@ -167,7 +214,9 @@ def test_sft_sets_the_adapter_on_agent_requests_only(runs):
     records, rec = runs["sft"]
     agent = [r for c in _agent_calls(rec) for r in c]
     assert agent and all(r.adapter == "sft-lora" for r in agent)
-    assert all(r.messages[0]["content"] == ZERO_SHOT_SYSTEM for r in agent)
+    # the roster's zero-shot persona prompts, through the SFT adapter
+    zero_shot = {system_prompt(c, "zero_shot", _roster(d)) for d in records for c in _roster(d)}
+    assert {r.messages[0]["content"] for r in agent} <= zero_shot
     users = [r for c in rec.calls for r in c if r not in agent]
     assert users and all(r.adapter is None for r in users)
     assert {t["model_used"] for r in records for t in r.turns if t["role"] == "agent"} == {
@@ -175,6 +224,9 @@ def test_sft_sets_the_adapter_on_agent_requests_only(runs):
     }
     with pytest.raises(ValueError, match="sft_adapter"):
         method_plan("sft", SPECS, CONFIG)
+    # the other methods never load the SFT adapter, even when it is handed to them
+    zs_agent = [r for c in _agent_calls(runs["zero_shot"][1]) for r in c]
+    assert zs_agent and all(r.adapter is None for r in zs_agent)
 
 
 def test_mascot_variants(runs):
@@ -195,8 +247,12 @@ def test_mascot_variants(runs):
     assert cfg_c.director_adapter is None and cfg_c.persona_adapters == {"anchor": "a1"}
     _, cfg_p, _ = method_plan("mascot_p", SPECS, CONFIG, {"anchor": "a1"}, "dir")
     assert cfg_p.persona_adapters == {} and cfg_p.director_adapter == "dir"
-    single, _, _ = method_plan("zero_shot", SPECS, CONFIG)
+    single, _, _ = method_plan("zero_shot_single", SPECS, CONFIG)
     assert all(s.roster == [ASSISTANT] for s in single) and SPECS[0].roster != [ASSISTANT]
+    roster_specs, cfg_zs, _ = method_plan("zero_shot", SPECS, CONFIG)
+    assert roster_specs == SPECS and cfg_zs.speaker_policy == "round_robin"
+    with pytest.raises(ValueError, match="unknown method"):
+        method_plan("zero_shot_multi", SPECS, CONFIG)
 
 
 def test_multiagent_esc_makes_three_batched_calls_per_agent_step(runs):

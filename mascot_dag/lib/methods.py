@@ -1,20 +1,32 @@
-"""Evaluation methods: MASCOT, its ablations and single-agent baselines, all via `run_dialogues`.
+"""Evaluation methods: MASCOT, its ablations and the baselines, all via `run_dialogues`.
 
 Every method runs the SAME specs (contexts, simulated users, seeds) through the same lockstep turn
 structure; a method only changes the roster, the `DialogueConfig` and a wrapper around the chat
-function (`method_plan`). Single-agent baselines speak as one generic `ASSISTANT` with
-`persona_grounding=False`, so their agent requests carry `GENERIC_SYSTEM` as system message: the
-wrapper recognises exactly those and rewrites them (prompt, sampling, extra calls); the simulated
-user's requests pass through unchanged, so every method faces the same user simulator.
+function (`method_plan`). The simulated user's requests always pass through unchanged, so every
+method faces the same user simulator.
 
-- zero_shot / few_shot: a plain supportive-assistant system prompt (few_shot: + 3 examples).
-- *_cot: the model writes "Thoughts: ... Response: ..."; only the response is kept
-  (`extract_cot_response`). It gets `COT_BUDGET_FACTOR` x the agent budget, because thoughts and
-  response share one generation and the response would otherwise be cut off.
+Prompting baselines (zero_shot, zero_shot_cot, few_shot, few_shot_cot, self_consistency, sft) speak
+as the persona roster in a FIXED round-robin order (turn k: roster[k % n]), each turn with that
+persona's system prompt in the baseline's style, as the paper runs them: persona consistency and
+identifiability then compare like with like with MASCOT (what differs is the director, the
+aligned adapters and the prompting technique, not whether personas were asked for at all).
+
+- zero_shot / few_shot: the persona prompt of style zero_shot / few_shot (few_shot: + the card's
+  example utterances), no wrapper.
+- *_cot: + `COT_INSTRUCTION`; the model writes "Thoughts: ... Response: ..."; only the response is
+  kept (`extract_cot_response`). It gets `COT_BUDGET_FACTOR` x the agent budget, because thoughts
+  and response share one generation and the response would otherwise be cut off.
 - self_consistency: `SC_SAMPLES` samples per request (derived seeds, one batched call); the sample
   agreeing most with the others (mean token Jaccard) wins (`most_consistent`).
-- sft: the zero-shot prompt through the SFT LoRA adapter (`sft_examples` builds its data).
-- multiagent_esc: analysis -> 4 strategy proposals -> final response, each stage ONE batched call.
+- sft: the zero-shot persona prompts through the SFT LoRA adapter (`sft_examples` builds its data
+  from ED listener turns, which carry no persona; the persona comes from the prompt, as for the
+  other baselines).
+
+Single-voice methods speak as one generic `ASSISTANT` (`persona_grounding=False`, so their agent
+requests carry `GENERIC_SYSTEM`, which the wrapper rewrites):
+- zero_shot_single (extra, not in `METHODS`): the previous single-assistant zero-shot baseline.
+- multiagent_esc: MultiAgentESC-style (simplified): analysis -> 4 strategy proposals -> final
+  response, each stage ONE batched call; its published pipeline answers with one supporter voice.
 """
 
 from __future__ import annotations
@@ -31,7 +43,7 @@ from mascot_dag.lib.dialogue import (
     DialogueSpec,
     run_dialogues,
 )
-from mascot_dag.lib.personas import PersonaCard
+from mascot_dag.lib.personas import PersonaCard, system_prompt
 from mascot_dag.lib.types import ChatRequest, ChatResult, Context, Message
 
 METHODS: tuple[str, ...] = (
@@ -46,7 +58,10 @@ METHODS: tuple[str, ...] = (
     "mascot_p",
     "mascot_c",
 )
-SINGLE_AGENT: tuple[str, ...] = METHODS[:7]
+PROMPTING_BASELINES: tuple[str, ...] = METHODS[:6]  # persona roster, fixed round-robin
+EXTRA_METHODS: tuple[str, ...] = ("zero_shot_single",)  # run on request, not by default
+ALL_METHODS: tuple[str, ...] = METHODS + EXTRA_METHODS
+SINGLE_AGENT: tuple[str, ...] = ("multiagent_esc", "zero_shot_single")  # one "assistant" voice
 Wrap = Callable[[ChatFn], ChatFn]
 
 ASSISTANT = PersonaCard(
@@ -106,13 +121,27 @@ def few_shot_block() -> str:
 
 
 def baseline_system(method: str) -> str:
-    """The system prompt of a single-agent prompting baseline (sft uses the zero-shot one)."""
+    """The generic system prompt of a single-assistant baseline (and of the SFT training data)."""
     parts = [ZERO_SHOT_SYSTEM]
     if method in ("few_shot", "few_shot_cot"):
         parts.append(few_shot_block())
     if method in ("zero_shot_cot", "few_shot_cot"):
         parts.append(COT_INSTRUCTION)
     return "\n\n".join(parts)
+
+
+def baseline_style(method: str) -> str:
+    """The persona prompt style a prompting baseline speaks with (`personas.PROMPT_STYLES`)."""
+    return "few_shot" if method.startswith("few_shot") else "zero_shot"
+
+
+def persona_baseline_system(
+    card: PersonaCard, method: str, roster: list[PersonaCard] | None = None
+) -> str:
+    """The system prompt of one roster persona under a prompting baseline: the persona's prompt
+    in the baseline's style, plus the thinking format for the CoT variants."""
+    system = system_prompt(card, baseline_style(method), roster)
+    return f"{system}\n\n{COT_INSTRUCTION}" if method.endswith("_cot") else system
 
 
 _RESPONSE = re.compile(r"response\s*:\s*", re.IGNORECASE)
@@ -165,9 +194,14 @@ def most_consistent(texts: list[str]) -> int:
     return max(range(len(texts)), key=lambda i: (scores[i], -i))
 
 
-def _is_agent(req: ChatRequest) -> bool:
+def _system(req: ChatRequest) -> str | None:
     m = req.messages
-    return bool(m) and m[0]["role"] == "system" and m[0]["content"] == GENERIC_SYSTEM
+    return m[0]["content"] if m and m[0]["role"] == "system" else None
+
+
+def _is_agent(req: ChatRequest) -> bool:
+    """A single-voice method's agent request (persona grounding off: the generic placeholder)."""
+    return _system(req) == GENERIC_SYSTEM
 
 
 def _derived_seed(seed: int, k: int) -> int:
@@ -195,12 +229,15 @@ def _merge(chosen: ChatResult, all_results: list[ChatResult], text: str) -> Chat
 AgentFn = Callable[[ChatFn, list[ChatRequest]], list[ChatResult]]
 
 
-def _agent_wrapper(handle: AgentFn) -> Wrap:
-    """Wrap: agent requests (system == GENERIC_SYSTEM) go to `handle`, the rest pass through."""
+SystemFn = Callable[[ChatRequest], str]
+
+
+def _agent_wrapper(handle: AgentFn, is_agent: Callable[[ChatRequest], bool] = _is_agent) -> Wrap:
+    """Wrap: agent requests (`is_agent`) go to `handle`, the rest (simulated user) pass through."""
 
     def wrap(generate: ChatFn) -> ChatFn:
         def chat(requests: list[ChatRequest]) -> list[ChatResult]:
-            agent = [i for i, r in enumerate(requests) if _is_agent(r)]
+            agent = [i for i, r in enumerate(requests) if is_agent(r)]
             if not agent:
                 return generate(requests)
             out: list[ChatResult | None] = [None] * len(requests)
@@ -218,21 +255,13 @@ def _agent_wrapper(handle: AgentFn) -> Wrap:
     return wrap
 
 
-def _prompting(method: str, adapter: str | None = None) -> AgentFn:
-    system = baseline_system(method)
-    cot = method.endswith("_cot")
+def _prompting(system_for: SystemFn, cot: bool) -> AgentFn:
+    """Agent requests with the baseline's system prompt; CoT: a larger budget, reply extracted."""
 
     def handle(generate: ChatFn, reqs: list[ChatRequest]) -> list[ChatResult]:
-        extra: dict = {"adapter": adapter} if adapter else {}
+        factor = COT_BUDGET_FACTOR if cot else 1
         new = [
-            _with(
-                r,
-                system,
-                **extra,
-                sampling={
-                    "max_new_tokens": r.sampling.max_new_tokens * (COT_BUDGET_FACTOR if cot else 1)
-                },
-            )
+            _with(r, system_for(r), sampling={"max_new_tokens": r.sampling.max_new_tokens * factor})
             for r in reqs
         ]
         results = generate(new)
@@ -243,19 +272,22 @@ def _prompting(method: str, adapter: str | None = None) -> AgentFn:
     return handle
 
 
-def _self_consistency(generate: ChatFn, reqs: list[ChatRequest]) -> list[ChatResult]:
-    samples = [
-        _with(r, ZERO_SHOT_SYSTEM, sampling={"seed": _derived_seed(r.sampling.seed, k)})
-        for r in reqs
-        for k in range(SC_SAMPLES)
-    ]
-    results = generate(samples)
-    out = []
-    for i in range(len(reqs)):
-        group = results[i * SC_SAMPLES : (i + 1) * SC_SAMPLES]
-        best = group[most_consistent([g.text for g in group])]
-        out.append(_merge(best, group, best.text))
-    return out
+def _self_consistency(system_for: SystemFn) -> AgentFn:
+    def handle(generate: ChatFn, reqs: list[ChatRequest]) -> list[ChatResult]:
+        samples = [
+            _with(r, system_for(r), sampling={"seed": _derived_seed(r.sampling.seed, k)})
+            for r in reqs
+            for k in range(SC_SAMPLES)
+        ]
+        results = generate(samples)
+        out = []
+        for i in range(len(reqs)):
+            group = results[i * SC_SAMPLES : (i + 1) * SC_SAMPLES]
+            best = group[most_consistent([g.text for g in group])]
+            out.append(_merge(best, group, best.text))
+        return out
+
+    return handle
 
 
 def _transcript(req: ChatRequest) -> str:
@@ -330,8 +362,8 @@ def method_plan(
     sft_adapter: str | None = None,
 ) -> tuple[list[DialogueSpec], DialogueConfig, Wrap]:
     """(specs, config, wrap) of a method; `wrap(generate)` is the chat function to run it with."""
-    if method not in METHODS:
-        raise ValueError(f"unknown method {method!r}; known: {METHODS}")
+    if method not in ALL_METHODS:
+        raise ValueError(f"unknown method {method!r}; known: {ALL_METHODS}")
     adapters = dict(persona_adapters or {})
     cfg = dataclasses.replace
     if method == "mascot":
@@ -375,23 +407,62 @@ def method_plan(
             "method 'sft' needs sft_adapter (the name of the SFT LoRA loaded into the chat "
             "backend); train it from sft_examples() first or leave 'sft' out of the methods"
         )
+    if method in PROMPTING_BASELINES:
+        return _roster_plan(method, specs, base_config, sft_adapter)
     single = [dataclasses.replace(s, roster=[ASSISTANT]) for s in specs]
-    # sft: the adapter is also in persona_adapters so turns/models record it (model_used)
     config = cfg(
         base_config,
         speaker_policy="round_robin",
         no_repeat=False,
         persona_grounding=False,
         director_adapter=None,
-        persona_adapters={ASSISTANT.persona_id: sft_adapter} if method == "sft" else {},
+        persona_adapters={},
     )
-    if method == "self_consistency":
-        handle = _self_consistency
-    elif method == "multiagent_esc":
+    if method == "multiagent_esc":
         handle = _multiagent_esc
-    else:
-        handle = _prompting("zero_shot" if method == "sft" else method, sft_adapter)
+    else:  # zero_shot_single
+        handle = _prompting(lambda r: ZERO_SHOT_SYSTEM, cot=False)
     return single, config, _agent_wrapper(handle)
+
+
+def _roster_plan(
+    method: str, specs: list[DialogueSpec], base_config: DialogueConfig, sft_adapter: str | None
+) -> tuple[list[DialogueSpec], DialogueConfig, Wrap]:
+    """A prompting baseline over the persona roster, in a fixed round-robin order.
+
+    The dialogue engine writes each turn's persona prompt in the baseline's style; the wrapper
+    only adds what the technique needs (CoT format and budget, self-consistency samples). Agent
+    requests are recognised by their exact persona prompt, so the simulated user's pass through.
+    """
+    style = baseline_style(method)
+    # sft: the adapter is every persona's, so turns/models record it (model_used)
+    adapters = {c.persona_id: sft_adapter for s in specs for c in s.roster} if sft_adapter else {}
+    config = dataclasses.replace(
+        base_config,
+        speaker_policy="round_robin",
+        no_repeat=False,
+        persona_grounding=True,
+        prompt_style=style,
+        director_adapter=None,
+        persona_adapters=adapters if method == "sft" else {},
+    )
+    prompts = {
+        system_prompt(c, style, s.roster): persona_baseline_system(c, method, s.roster)
+        for s in specs
+        for c in s.roster
+    }
+
+    def is_agent(req: ChatRequest) -> bool:
+        return _system(req) in prompts
+
+    def system_for(req: ChatRequest) -> str:
+        return prompts[_system(req) or ""]
+
+    if method == "self_consistency":
+        return specs, config, _agent_wrapper(_self_consistency(system_for), is_agent)
+    if method.endswith("_cot"):
+        return specs, config, _agent_wrapper(_prompting(system_for, cot=True), is_agent)
+    return specs, config, _identity  # zero_shot, few_shot, sft: the engine's prompt as is
 
 
 def method_dialogue_id(spec: DialogueSpec, method: str) -> str:

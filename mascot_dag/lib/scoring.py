@@ -1,7 +1,7 @@
 """Scores of evaluation dialogues: every judge on both rubrics, plus the automatic metrics.
 
 Agent-level: every agent turn is judged with its speaker's card against the roster it spoke in
-(the single-agent baselines' "assistant" is judged against the support roster plus itself), with
+(the single-voice methods' "assistant" is judged against the roster plus itself), with
 the earlier turns as history; a dialogue's value per criterion is the mean over its agent turns.
 Collective: every N-turn block is judged; a dialogue's value is the mean over its blocks.
 Values stay on the judges' 1-5 scale (reports convert to 0-100); failed judgments are left out
