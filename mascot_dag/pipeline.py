@@ -25,6 +25,7 @@ class Stage:
 
 STAGES: tuple[Stage, ...] = (
     Stage("contexts and personas", ("contexts", "persona_cards", "persona_prompts")),
+    Stage("supervised policy (pi_SFT)", ("policy_sft",)),
     Stage("persona feedback", ("candidate_responses", "persona_judgments", "persona_preference_pairs")),
     Stage("persona reward model", ("persona_reward_model",)),
     Stage("persona adapters", ("persona_adapters",)),

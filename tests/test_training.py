@@ -109,13 +109,16 @@ GOOD = "That sounds really hard. It makes sense that you feel shaken; I'm here w
     ("text", "expected"),
     [
         (GOOD, 1.0),
-        ("As an AI language model, I cannot feel, but that sounds hard.", 0.7),  # role break
-        ("The Catalyst: what evidence do you have that you failed?", 0.7),  # another agent's turn
-        (GOOD + "\nUser: thanks, that helps a lot.", 0.7),  # writes the user's next line
-        ("Ok.", round(0.4 * 3 / 20 + 0.6, 6)),  # too short: partial length credit
-        ("x" * 800, 0.8),  # too long: 0.4 * 400 / 800 + 0.6
+        ("As an AI language model, I cannot feel, but that sounds hard.", 0.8),  # role break
+        ("The Catalyst: what evidence do you have that you failed?", 0.8),  # another agent's turn
+        (GOOD + "\nUser: thanks, that helps a lot.", 0.8),  # writes the user's next line
+        ("That sounds really hard and I think that you", 0.8),  # cut off mid-clause
+        ("Your next turn will be to write your next turn.", 0.8),  # talks about the turn
+        ("Ok.", round(0.2 * 3 / 20 + 0.8, 6)),  # too short: partial length credit
+        ("x" * 800, round(0.2 * 400 / 800 + 0.6, 6)),  # too long, and cut off
+        ("so so so so so so so so so so.", 0.8),  # one word repeated: no length credit
         ("   ", 0.0),  # empty
-        ("The Catalyst: As an AI, I can't.", 0.4),  # both failures
+        ("The Catalyst: As an AI, I can't", 0.4),  # three failures
     ],
 )
 def test_format_reward_cases(text, expected):
@@ -129,7 +132,7 @@ def test_format_reward_is_named_and_picklable():
     assert reward.__name__ == "format_reward"  # TRL logs rewards/format_reward/mean
     clone = pickle.loads(pickle.dumps(reward))
     texts = [as_message(GOOD), as_message("The Catalyst: and what would you tell a friend?")]
-    assert clone(texts) == reward(texts) == [1.0, 0.7]
+    assert clone(texts) == reward(texts) == [1.0, 0.8]
 
 
 def test_combined_weights_and_none():
@@ -138,7 +141,7 @@ def test_combined_weights_and_none():
 
     r = combined([format_reward(), only_long], [0.5, 2.0], name="composite")
     assert r.__name__ == "composite"
-    assert r([GOOD, "Ok, fine then."]) == [pytest.approx(2.5), pytest.approx(0.5 * (0.28 + 0.6))]
+    assert r([GOOD, "Ok, fine then."]) == [pytest.approx(2.5), pytest.approx(0.5 * (0.14 + 0.8))]
     with pytest.raises(ValueError, match="one weight per reward"):
         combined([format_reward()], [1.0, 2.0])
 
@@ -167,6 +170,31 @@ def test_split_pairs_is_deterministic_and_order_free():
     _, held_reversed = split_pairs(pairs()[::-1], 0.2, seed=0)
     assert sorted(map(str, held_reversed)) == sorted(map(str, held))
     assert split_pairs(pairs(), 0.0, seed=0) == (pairs(), [])
+
+
+def test_rm_split_by_context_never_shares_a_candidate_between_train_and_heldout():
+    """Pairs of one context share candidates; the held-out side must test generalisation to new
+    contexts, so a candidate (and a context) is never on both sides."""
+    from mascot_dag.lib.training.reward_model import split_pairs
+
+    rows = []
+    for ctx in range(12):
+        cands = [f"ctx{ctx}|{p}|{k}" for p in ("anchor", "catalyst") for k in range(3)]
+        for i, chosen in enumerate(cands):
+            for rejected in cands[i + 1:]:
+                rows.append({"group": f"ctx{ctx}", "chosen": chosen, "rejected": rejected,
+                             "prompt": [{"role": "user", "content": f"situation {ctx}"}]})
+    train, held = split_pairs(rows, 0.25, seed=0)
+    assert held and train and len(train) + len(held) == len(rows)
+    train_cands = {c for p in train for c in (p["chosen"], p["rejected"])}
+    held_cands = {c for p in held for c in (p["chosen"], p["rejected"])}
+    assert not train_cands & held_cands
+    assert len({p["group"] for p in held}) == 3  # 25% of 12 contexts, whole
+    # a pair-level split of the same rows WOULD share candidates: the test can fail
+    no_groups = [{k: v for k, v in p.items() if k != "group"} for p in rows]
+    t2, h2 = split_pairs(no_groups, 0.25, seed=0)
+    assert {c for p in t2 for c in (p["chosen"], p["rejected"])} & {
+        c for p in h2 for c in (p["chosen"], p["rejected"])}
 
 
 @pytest.mark.slow

@@ -1,10 +1,17 @@
-"""Stage 1 training (group `persona_alignment`): the persona reward model and GRPO LoRA adapters.
+"""Stage 1 training (group `persona_alignment`): pi_SFT, the persona reward model, the persona
+adapters (warm start + GRPO) and the persona probe that checks them.
 
-Both log params, curves and adapters to MLflow and register model versions; checkpoints sit in
+One LoRA adapter carries a persona through every step: pi_SFT (SFT on the training listener turns,
+the paper's supervised base policy) -> persona warm start (SFT on this persona's best-judged
+candidates; `warm_start_steps`, 0 = off) -> GRPO on reward model + format reward. Each step
+continues the previous adapter's weights, and the adapter serves as one.
+
+All log params, curves and adapters to MLflow and register model versions; checkpoints sit in
 MASCOT_HOME/checkpoints/<asset>/<fingerprint of data+settings>, so an interrupted run resumes.
 """
 
 import functools
+import time
 
 import dagster as dg
 import pandas as pd
@@ -16,11 +23,15 @@ from mascot_dag.assets.common import (
     registered_name,
 )
 from mascot_dag.assets.feedback import load_roster, train_contexts
+from mascot_dag.assets.registry import POLICY_SFT_MODEL, fetch, latest_version
 from mascot_dag.assets.registry import REWARD_MODEL as REWARD_MODEL_NAME
-from mascot_dag.assets.registry import latest_version
+from mascot_dag.lib import probe
+from mascot_dag.lib.dialogue import opening_agent_messages
 from mascot_dag.lib.home import Home
 from mascot_dag.lib.judges.base import ResponseItem
-from mascot_dag.lib.preferences import candidate_messages, persona_tag, reward_messages
+from mascot_dag.lib.judges.features import copied_grams, phrase_grams
+from mascot_dag.lib.methods import sft_examples
+from mascot_dag.lib.preferences import best_per_context, mean_scores, persona_tag, reward_messages
 from mascot_dag.lib.tables import context_from_row
 from mascot_dag.lib.types import ChatRequest, SamplingParams
 from mascot_dag.resources.judge import EmbeddedJudgeResource
@@ -35,19 +46,30 @@ EXPERIMENT = "stage1_persona_alignment"
 def lora_settings(settings: LineageSettings):
     from mascot_dag.lib.training.config import LoraSettings
 
-    return LoraSettings(r=settings.lora_r, alpha=2 * settings.lora_r)
+    targets = tuple(t.strip() for t in settings.lora_targets.split(",") if t.strip())
+    return LoraSettings(r=settings.lora_r, alpha=2 * settings.lora_r, target_modules=targets)
 
 
-def grpo_settings(settings: LineageSettings, max_completion_length: int):
+def grpo_settings(settings: LineageSettings, max_completion_length: int, max_steps: int | None = None):
     """GRPO settings shared by the persona adapters and the director (LoRA, CPU or bf16)."""
     from mascot_dag.lib.training.config import GRPOSettings
 
     return GRPOSettings(
-        max_steps=settings.grpo_steps, batch_size=settings.grpo_generations,
+        max_steps=max_steps or settings.grpo_steps, batch_size=settings.grpo_generations,
         num_generations=settings.grpo_generations, max_completion_length=max_completion_length,
-        learning_rate=settings.grpo_learning_rate, save_steps=1, seed=settings.seed,
+        learning_rate=settings.grpo_learning_rate, lr_scheduler=settings.grpo_scheduler,
+        beta=settings.grpo_beta, temperature=settings.temperature, top_p=settings.top_p,
+        save_steps=max(1, (max_steps or settings.grpo_steps) // 2), seed=settings.seed,
         use_cpu=settings.use_cpu, bf16=not settings.use_cpu,
     )
+
+
+def sft_settings(settings: LineageSettings, steps: int, learning_rate: float):
+    from mascot_dag.lib.training.config import SFTSettings
+
+    return SFTSettings(max_steps=steps, batch_size=4, learning_rate=learning_rate,
+                       lr_scheduler="cosine", save_steps=max(1, steps // 2), seed=settings.seed,
+                       use_cpu=settings.use_cpu, bf16=not settings.use_cpu)
 
 
 def _system_prompts(store: DuckDBStore, style: str) -> dict[str, str]:
@@ -62,18 +84,20 @@ def preference_examples(store: DuckDBStore, persona_set: str) -> list[dict]:
         "FROM preference_pairs p JOIN candidates c ON c.candidate_id = p.chosen_id "
         "JOIN candidates r ON r.candidate_id = p.rejected_id ORDER BY p.pair_id"
     )
-    ctx = {
-        r["context_id"]: context_from_row(r)
-        for r in store.query("SELECT * FROM contexts").to_dict("records")
-    }
+    ctx = all_contexts(store)
     # The short tag the reward model reads (see lib.preferences.reward_messages).
     tags = {c.persona_id: persona_tag(c) for c in load_roster(store, persona_set)}
     return [
-        {"pair_id": r.pair_id,
+        {"pair_id": r.pair_id, "group": r.context_id,
          "prompt": reward_messages(tags[r.persona_id], ctx[r.context_id]),
          "chosen": r.chosen, "rejected": r.rejected}
         for r in df.itertuples()
     ]
+
+
+def all_contexts(store: DuckDBStore) -> dict:
+    return {r["context_id"]: context_from_row(r)
+            for r in store.query("SELECT * FROM contexts").to_dict("records")}
 
 
 @functools.lru_cache(maxsize=1)
@@ -93,9 +117,61 @@ def log_curves(tracking: MLflowResource, curves: dict[str, list]) -> None:
 
 @dg.asset(
     group_name="persona_alignment",
+    deps=["contexts"],
+    kinds={"pytorch", "mlflow"},
+)
+def policy_sft(
+    context: dg.AssetExecutionContext,
+    store: DuckDBStore,
+    chat: ChatModelResource,
+    tracking: MLflowResource,
+    settings: LineageSettings,
+) -> dg.MaterializeResult:
+    """pi_SFT: LoRA SFT on the listener turns of the training conversations. Stage 1 samples its
+    candidates from it and starts every persona adapter from its weights; the `sft` evaluation
+    baseline serves it with persona prompts."""
+    from mascot_dag.lib.training.sft import train_sft_adapter
+
+    rows = store.query("SELECT * FROM contexts WHERE split = 'train' AND source = "
+                       "'empatheticdialogues' ORDER BY md5(context_id)").to_dict("records")
+    examples = sft_examples([context_from_row(r) for r in rows])
+    if not examples:
+        raise ValueError("no listener turns in the train split of empatheticdialogues: pi_SFT "
+                         "needs them (load ED contexts, or set policy_init='base')")
+    ss = sft_settings(settings, settings.policy_sft_steps, settings.policy_sft_learning_rate)
+    lora = lora_settings(settings)
+    base = base_model_path(chat)
+    out = Home.from_env().checkpoints / "policy_sft" / fingerprint(base, examples, ss, lora)
+    with tracking.start_run(EXPERIMENT, "policy-sft", {"asset": "policy_sft"}) as run:
+        tracking.log_params({"base_model": base, "examples": len(examples), **ss.__dict__,
+                             "lora": lora.__dict__})
+        result = train_sft_adapter(base, examples, ss, lora, out)
+        log_curves(tracking, {"loss": result.loss_curve})
+        tracking.log_adapter(result.adapter_dir)
+        version = tracking.register_version(POLICY_SFT_MODEL, run)
+    moved = adapter_movement(result.adapter_dir, base)
+    return dg.MaterializeResult(metadata={
+        "mlflow_run_id": run.info.run_id, "model_version": f"{POLICY_SFT_MODEL}/{version}",
+        "examples": len(examples), "steps": result.steps,
+        "final_loss": result.loss_curve[-1][1] if result.loss_curve else float("nan"),
+        "seconds_per_step": result.seconds_per_step or float("nan"),
+        "lora_delta_relative": moved, "trainable_percent": result.trainable_percent,
+    })
+
+
+def adapter_movement(adapter_dir, base_model: str) -> float:
+    """How far an adapter moved the weights (lib.training.common.lora_relative_change)."""
+    from mascot_dag.lib.training.common import lora_relative_change
+
+    return lora_relative_change(adapter_dir, base_model)
+
+
+@dg.asset(
+    group_name="persona_alignment",
     deps=["persona_preference_pairs"],
     kinds={"pytorch", "mlflow"},
-    check_specs=[dg.AssetCheckSpec("heldout_accuracy_vs_chance", asset="persona_reward_model")],
+    check_specs=[dg.AssetCheckSpec("heldout_accuracy_vs_chance", asset="persona_reward_model",
+                                   blocking=True)],
 )
 def persona_reward_model(
     context: dg.AssetExecutionContext,
@@ -104,7 +180,7 @@ def persona_reward_model(
     tracking: MLflowResource,
     settings: LineageSettings,
 ) -> dg.MaterializeResult:
-    """Pairwise (Bradley-Terry) reward model with LoRA on the base model, held-out accuracy."""
+    """Pairwise (Bradley-Terry) reward model with LoRA on the base model; held out by context."""
     from mascot_dag.lib.training.config import RewardModelSettings
     from mascot_dag.lib.training.reward_model import train_reward_model
 
@@ -116,8 +192,10 @@ def persona_reward_model(
         )
     rm = RewardModelSettings(
         max_steps=settings.reward_steps, batch_size=settings.reward_batch_size,
+        learning_rate=settings.reward_learning_rate, lr_scheduler=settings.reward_scheduler,
+        heldout_fraction=settings.reward_heldout_fraction,
         save_steps=max(1, settings.reward_steps // 2), seed=settings.seed,
-        train_accuracy_pairs=16,  # two forward passes per pair; the held-out side is the measure
+        train_accuracy_pairs=32,  # two forward passes per pair; the held-out side is the measure
         use_cpu=settings.use_cpu, bf16=not settings.use_cpu,
     )
     lora = lora_settings(settings)
@@ -129,22 +207,28 @@ def persona_reward_model(
         tracking.log_params({"base_model": base, "pairs": len(pairs), **rm.__dict__,
                              "lora": lora.__dict__})
         result = train_reward_model(base, pairs, rm, lora, out)
+        ci = result.heldout_accuracy_ci(settings.seed)
         log_curves(tracking, {"loss": result.loss_curve})
         metrics = {"heldout_accuracy": result.heldout_accuracy,
+                   "heldout_accuracy_lo": ci["lo"], "heldout_accuracy_hi": ci["hi"],
                    "train_accuracy": result.train_accuracy,
                    "trainable_percent": result.trainable_percent}
-        log_curves(tracking, {k: [(result.steps, v)] for k, v in metrics.items() if v is not None})
+        log_curves(tracking, {k: [(result.steps, v)] for k, v in metrics.items()
+                              if v is not None and v == v})
         tracking.log_adapter(result.adapter_dir)
         version = tracking.register_version(
             REWARD_MODEL_NAME, run, tags={"pairs": str(len(pairs))})
     acc = result.heldout_accuracy
+    passed = acc is not None and ci["lo"] > 0.5
     return dg.MaterializeResult(
         metadata={
             "mlflow_run_id": run.info.run_id,
             "model_version": f"{REWARD_MODEL_NAME}/{version}",
             "pairs_train": result.n_train,
             "pairs_heldout": result.n_heldout,
+            "heldout_contexts": int(ci["n_clusters"]),
             "heldout_accuracy": acc if acc is not None else float("nan"),
+            "heldout_accuracy_ci95": f"[{ci['lo']:.3f}, {ci['hi']:.3f}]",
             "train_accuracy": result.train_accuracy if result.train_accuracy is not None else float("nan"),
             "trainable_percent": result.trainable_percent,
             "steps": result.steps,
@@ -155,23 +239,46 @@ def persona_reward_model(
         check_results=[
             dg.AssetCheckResult(
                 check_name="heldout_accuracy_vs_chance",
-                passed=acc is not None and acc > 0.5,
-                severity=dg.AssetCheckSeverity.WARN,
-                description=(f"held-out pairwise accuracy {acc:.3f} vs chance 0.5 on "
-                             f"{result.n_heldout} pairs" if acc is not None else "no held-out pairs"),
+                passed=passed,
+                # blocking only fails the run at ERROR: the study profile sets reward_blocking
+                severity=dg.AssetCheckSeverity.ERROR if settings.reward_blocking
+                else dg.AssetCheckSeverity.WARN,
+                description=(
+                    f"held-out pairwise accuracy {acc:.3f}, 95% CI [{ci['lo']:.3f}, {ci['hi']:.3f}]"
+                    f" over {result.n_heldout} pairs of {ci['n_clusters']:.0f} held-out contexts; "
+                    "passes when the CI's lower bound is above chance (0.5)"
+                    if acc is not None else "no held-out pairs"),
                 metadata={"heldout_accuracy": acc if acc is not None else float("nan"),
-                          "chance": 0.5, "heldout_pairs": result.n_heldout},
+                          "ci_lo": ci["lo"], "ci_hi": ci["hi"], "chance": 0.5,
+                          "heldout_pairs": result.n_heldout},
             )
         ],
     )
 
 
+def warm_start_examples(store: DuckDBStore, settings: LineageSettings, card, roster) -> list[dict]:
+    """SFT targets of the persona warm start: per train context, the candidate (of any persona's
+    prompt) that the judges scored best AS this persona, under the prompt the adapter serves in."""
+    persona = card.persona_id
+    cands = store.query("SELECT candidate_id, context_id, persona_id, text FROM candidates")
+    judg = store.query("SELECT * FROM judgments WHERE persona_id = ?", [persona])
+    best = best_per_context(cands, mean_scores(judg, settings.persona_score_weight), persona)
+    text = dict(zip(cands.candidate_id, cands.text, strict=True))
+    ctx = all_contexts(store)
+    return [
+        {"messages": [*opening_agent_messages(card, ctx[r.context_id], roster,
+                                              settings.prompt_style),
+                      {"role": "assistant", "content": text[r.candidate_id]}]}
+        for r in best.itertuples() if text[r.candidate_id].strip()
+    ]
+
+
 @dg.asset(
     group_name="persona_alignment",
     partitions_def=persona_partitions,
-    deps=[persona_reward_model],
+    deps=[persona_reward_model, policy_sft],
     kinds={"pytorch", "mlflow"},
-    check_specs=[dg.AssetCheckSpec("fidelity_effect", asset="persona_adapters")],
+    check_specs=[dg.AssetCheckSpec("fidelity_effect", asset="persona_adapters", blocking=True)],
 )
 def persona_adapters(
     context: dg.AssetExecutionContext,
@@ -181,15 +288,18 @@ def persona_adapters(
     tracking: MLflowResource,
     settings: LineageSettings,
 ) -> dg.MaterializeResult:
-    """GRPO LoRA adapter of one persona; reward = reward-model score + format reward."""
+    """One persona's LoRA adapter: pi_SFT -> warm start (SFT) -> GRPO on reward model + format
+    reward, then the paired persona probe on held-out contexts (the `fidelity_effect` check)."""
     from mascot_dag.lib.rewards import format_reward, reward_model_reward
     from mascot_dag.lib.training.grpo import train_grpo_adapter
+    from mascot_dag.lib.training.sft import train_sft_adapter
+
     persona = context.partition_key
     roster = load_roster(store, settings.train_persona_set)
     card = next(c for c in roster if c.persona_id == persona)
-    system = _system_prompts(store, settings.prompt_style)[persona]
     ctxs = train_contexts(store, settings)
-    prompts = [candidate_messages(system, c) for c in ctxs]
+    # The adapter learns on the request it serves in (lib.dialogue.agent_messages).
+    prompts = [opening_agent_messages(card, c, roster, settings.prompt_style) for c in ctxs]
     # The reward model reads its own short form of each prompt (a dataset column TRL passes on).
     reward_prompts = [reward_messages(persona_tag(card), c) for c in ctxs]
     home = Home.from_env()
@@ -197,75 +307,166 @@ def persona_adapters(
     if rm_version is None:
         raise ValueError(f"no {REWARD_MODEL_NAME} in MLflow: materialise persona_reward_model")
     base = base_model_path(chat)
-    rm_dir = tracking.download_adapter(f"models:/{REWARD_MODEL_NAME}/{rm_version}",
-                                       home.checkpoints / "downloads" / f"rm-{rm_version}")
+    rm_dir = fetch(tracking, REWARD_MODEL_NAME, rm_version)
     scorer = _reward_scorer(base, str(rm_dir))
     others = [c.name for c in roster if c.persona_id != persona]
     rewards = [reward_model_reward(scorer), format_reward(other_names=others)]
     weights = [settings.reward_model_weight, settings.format_reward_weight]
-    gs = grpo_settings(settings, settings.grpo_completion_tokens)
     lora = lora_settings(settings)
-    out = home.checkpoints / "persona_adapters" / persona / fingerprint(
-        base, prompts, rm_version, gs, lora, weights)
+    init = None
+    if settings.policy_init == "sft":
+        sft_version = latest_version(tracking, POLICY_SFT_MODEL)
+        if sft_version is None:
+            raise ValueError(f"no {POLICY_SFT_MODEL} in MLflow: materialise policy_sft")
+        init = fetch(tracking, POLICY_SFT_MODEL, sft_version)
+    ckpt = home.checkpoints / "persona_adapters" / persona
     name = registered_name("mascot-persona", persona)
-    with tracking.start_run(EXPERIMENT, f"grpo-{persona}", {"persona": persona}) as run:
+    timings = {}
+    with tracking.start_run(EXPERIMENT, f"persona-{persona}", {"persona": persona}) as run:
+        warm_dir = None
+        if settings.warm_start_steps > 0:
+            t0 = time.monotonic()
+            examples = warm_start_examples(store, settings, card, roster)
+            ws = sft_settings(settings, settings.warm_start_steps,
+                              settings.warm_start_learning_rate)
+            warm = train_sft_adapter(
+                base, examples, ws, lora,
+                ckpt / "warm_start" / fingerprint(base, examples, ws, lora, str(init)),
+                init_adapter=init)
+            log_curves(tracking, {"warm_start_loss": warm.loss_curve})
+            warm_dir = init = warm.adapter_dir
+            timings["warm_start_s"] = time.monotonic() - t0
+        gs = grpo_settings(settings, settings.grpo_completion_tokens)
+        t0 = time.monotonic()
         tracking.log_params({"base_model": base, "persona": persona, "prompts": len(prompts),
                              "reward_model_version": rm_version, "reward_weights": weights,
+                             "policy_init": settings.policy_init,
+                             "warm_start_steps": settings.warm_start_steps,
                              **gs.__dict__, "lora": lora.__dict__})
-        result = train_grpo_adapter(base, prompts, rewards, weights, gs, lora, out,
-                                    columns={"reward_prompt": reward_prompts})
+        result = train_grpo_adapter(
+            base, prompts, rewards, weights, gs, lora,
+            ckpt / "grpo" / fingerprint(base, prompts, rm_version, gs, lora, weights, str(init)),
+            columns={"reward_prompt": reward_prompts}, init_adapter=init)
+        timings["grpo_s"] = time.monotonic() - t0
         log_curves(tracking, {"reward": result.reward_curve, "kl": result.kl_curve,
                                "loss": result.loss_curve, **result.reward_func_curves})
+        moved = adapter_movement(result.adapter_dir, base)
         tracking.log_adapter(result.adapter_dir)
         version = tracking.register_version(name, run, tags={"persona": persona,
                                                              "reward_model_version": rm_version})
-    effect = fidelity_effect(store, chat, judge, settings, card, roster, system, result.adapter_dir,
-                             f"{persona}-v{version}")
+        t0 = time.monotonic()
+        arms = {"adapter": (result.adapter_dir, f"{name}@v{version}")}
+        if warm_dir is not None and settings.probe_warm_start:
+            arms["warm_start"] = (warm_dir, f"{name}@v{version}-warm")
+        summary = run_probe(store, chat, judge, settings, card, roster, arms, f"{name}/{version}")
+        timings["probe_s"] = time.monotonic() - t0
+        overall = summary.set_index("persona").loc[persona]
+        tracking.log_params({f"probe_{k}": v for k, v in overall.items()
+                             if isinstance(v, int | float)})
+    gain, lo, hi = (overall["identifiable_gain"], overall["identifiable_lo"],
+                    overall["identifiable_hi"])
+    effect = {k: float(v) for k, v in overall.items() if isinstance(v, int | float)}
     return dg.MaterializeResult(
         metadata={
             "mlflow_run_id": run.info.run_id,
             "model_version": f"{name}/{version}",
             "trainable_percent": result.trainable_percent,
             "steps": result.steps,
+            "lora_delta_relative": moved,
             "mean_reward_start": result.reward_start if result.reward_start is not None else float("nan"),
             "mean_reward_end": result.reward_end if result.reward_end is not None else float("nan"),
             "seconds_per_step": result.seconds_per_step or float("nan"),
             "resumed_from": result.resumed_from or "",
-            **{f"fidelity_{k}": v for k, v in effect.items()},
+            **{k: float(v) for k, v in timings.items()},
+            "probe": dg.MetadataValue.md(summary.round(3).to_markdown(index=False)),
+            **{f"probe_{k}": v for k, v in effect.items()},
         },
         check_results=[
             dg.AssetCheckResult(
                 check_name="fidelity_effect",
-                passed=effect["adapter"] >= effect["base"],
-                severity=dg.AssetCheckSeverity.WARN,
-                description=(f"embedded-judge persona fidelity on {effect['n']:.0f} eval contexts: "
-                             f"adapter {effect['adapter']:.3f} vs base {effect['base']:.3f}"),
+                passed=bool(lo > 0),
+                severity=dg.AssetCheckSeverity.ERROR if settings.probe_blocking
+                else dg.AssetCheckSeverity.WARN,
+                description=(
+                    f"identifiability by the independent classifier on {effect['n_contexts']:.0f} "
+                    f"held-out contexts ({effect['n_units']:.0f} paired units): base "
+                    f"{overall['identifiable_base']:.3f} -> adapter "
+                    f"{overall['identifiable_adapter']:.3f}, gain {gain:+.3f} "
+                    f"[{lo:+.3f}, {hi:+.3f}]; passes when the CI excludes zero"),
                 metadata=effect,
             )
         ],
     )
 
 
-def fidelity_effect(store, chat, judge, settings, card, roster, system, adapter_dir, adapter_name):
-    """Generate with the adapter and with the base model on the same held-out contexts (same
-    seeds) and compare the embedded judge's mean persona fidelity (consistency, 1-5)."""
-    source = "empatheticdialogues" if settings.train_persona_set == "support" else "qmsum"
-    limit = f"LIMIT {int(settings.eval_contexts) * 2}" if settings.eval_contexts else ""
+def probe_contexts(store: DuckDBStore, settings: LineageSettings) -> list:
+    """Held-out (eval split) contexts of the trained persona set's source, in md5 order."""
+    from mascot_dag.assets.feedback import SOURCE_OF_SET
+
+    limit = f"LIMIT {int(settings.probe_contexts)}" if settings.probe_contexts else ""
     rows = store.query(
-        f"SELECT * FROM contexts WHERE split = 'eval' AND source = ? ORDER BY md5(context_id) {limit}",
-        [source],
+        "SELECT * FROM contexts WHERE split = 'eval' AND source = ? "
+        f"ORDER BY md5(context_id) {limit}", [SOURCE_OF_SET[settings.train_persona_set]],
     ).to_dict("records")
-    ctxs = [context_from_row(r) for r in rows]
+    if not rows:
+        raise ValueError("no held-out contexts for the persona probe: the eval split is empty")
+    return [context_from_row(r) for r in rows]
+
+
+@functools.lru_cache(maxsize=4)
+def _classifier(persona_set: str, seed: int):
+    return probe.ReferenceClassifier.for_set(persona_set, seed=seed)
+
+
+def run_probe(store, chat, judge, settings, card, roster, arms: dict, model_version: str):
+    """The paired probe (lib/probe.py) of one persona: base vs each arm's adapter on the same
+    held-out requests and seeds. Writes persona_probe rows; returns the summary table."""
+    ctxs = probe_contexts(store, settings)
     backend = chat.backend()
-    backend.add_adapter(adapter_name, str(adapter_dir))
-    sampling = SamplingParams(settings.max_new_tokens, 0.7, 0.95, settings.seed)
-    reqs = [ChatRequest(tuple(candidate_messages(system, c)), sampling, a)
-            for a in (None, adapter_name) for c in ctxs]
-    texts = [r.text for r in backend.generate(reqs)]
-    items = [ResponseItem(c.text, card, roster, t, []) for c, t in zip(ctxs * 2, texts, strict=True)]
-    scores = judge.judge().score_responses(items)
-    fid = pd.Series([next(s.score for s in ss if s.criterion == "consistency") for ss in scores],
-                    dtype=float)
-    n = len(ctxs)
-    base, adapted = float(fid[:n].mean()), float(fid[n:].mean())
-    return {"base": base, "adapter": adapted, "difference": adapted - base, "n": float(n)}
+    for adapter_dir, adapter_name in arms.values():
+        backend.add_adapter(adapter_name, str(adapter_dir))
+    units, requests = [], []
+    for c in ctxs:
+        messages = tuple(opening_agent_messages(card, c, roster, settings.prompt_style))
+        for s in range(settings.probe_seeds):
+            units.append(probe.ProbeUnit(c.context_id, card.persona_id, s))
+            requests.append((messages, SamplingParams(
+                settings.max_new_tokens, settings.temperature, settings.top_p,
+                settings.seed * 7919 + 101 + s)))
+    names = {"base": None, **{arm: name for arm, (_, name) in arms.items()}}
+    texts = {}
+    for arm, adapter in names.items():
+        texts[arm] = [r.text for r in backend.generate(
+            [ChatRequest(m, sp, adapter) for m, sp in requests])]
+    rows = []
+    for arm in arms:
+        t = probe.unit_table(units, texts["base"], texts[arm])
+        t["arm"] = t["arm"].replace({"adapter": arm})
+        rows.append(t if not rows else t[t.arm == arm])
+    table = pd.concat(rows, ignore_index=True)
+    ctx = {c.context_id: c for c in ctxs}
+    scores = judge.judge().score_responses(
+        [ResponseItem(ctx[r.context_id].text, card, roster, r.text, [])
+         for r in table.itertuples()])
+    crit = [{s.criterion: s.score for s in ss} for ss in scores]
+    table["consistency"] = [c.get("consistency") for c in crit]
+    table["relevance"] = [c.get("response_relevance") for c in crit]
+    grams = phrase_grams([card.description, *card.behaviours, *card.examples])
+    table["copied"] = [float(copied_grams(t, grams) > 0) for t in table.text]
+    table["predicted"] = _classifier(settings.train_persona_set, settings.seed).predict(
+        list(table.text))
+    table["identifiable"] = (table.predicted == table.persona_id).astype(float)
+    table["model_version"] = [model_version if a != "base" else "base" for a in table.arm]
+    store.replace("persona_probe", table[[
+        "persona_id", "context_id", "seed", "arm", "model_version", "text", "predicted",
+        "identifiable", "consistency", "relevance", "copied"]], "persona_id = ?",
+        [card.persona_id])
+    summaries = []
+    for arm in arms:
+        part = table[table.arm.isin(["base", arm])].replace({"arm": {arm: "adapter"}})
+        summ = probe.summarise(part, seed=settings.seed)
+        summ = summ[summ.persona == card.persona_id]
+        if arm != "adapter":
+            summ = summ.assign(persona=f"{card.persona_id}:{arm}")
+        summaries.append(summ)
+    return pd.concat(summaries, ignore_index=True)

@@ -17,11 +17,11 @@ from mascot_dag.assets.collaboration import (
     rosters,
     write_dialogues,
 )
-from mascot_dag.assets.common import base_model_path, fingerprint, table_metadata
+from mascot_dag.assets.common import table_metadata
 from mascot_dag.assets.registry import DIRECTOR_MODEL, attach, attach_personas
 from mascot_dag.lib import champion as gate
 from mascot_dag.lib.home import Home
-from mascot_dag.lib.methods import ASSISTANT, METHODS, run_method, sft_examples
+from mascot_dag.lib.methods import ASSISTANT, METHODS, run_method
 from mascot_dag.lib.rollout import build_specs
 from mascot_dag.lib.users import load_user_profiles
 from mascot_dag.resources.judge import EmbeddedJudgeResource
@@ -31,7 +31,6 @@ from mascot_dag.resources.store import DuckDBStore
 from mascot_dag.resources.tracking import MLflowResource
 
 EXPERIMENT = "evaluation"
-SFT_MODEL = "mascot-sft-baseline"
 # `champion` re-runs the current champion (MLflow alias) beside the candidate, on the same
 # contexts, users and seeds, so the gate compares paired dialogues of one run (lib/champion.py).
 method_partitions = dg.StaticPartitionsDefinition([*METHODS, gate.CHAMPION])
@@ -42,35 +41,18 @@ def eval_specs(store: DuckDBStore, settings: LineageSettings):
                        load_user_profiles(), settings.agent_turns, "eval", settings.seed)
 
 
-def train_sft(store, chat, tracking, settings) -> str:
-    """LoRA SFT on the listener turns of the training conversations (the `sft` baseline)."""
-    from mascot_dag.assets.alignment import lora_settings
-    from mascot_dag.lib.tables import context_from_row
-    from mascot_dag.lib.training.config import SFTSettings
-    from mascot_dag.lib.training.sft import train_sft_adapter
+def sft_adapter(chat, tracking) -> str:
+    """The `sft` baseline serves pi_SFT (`policy_sft`, SFT on the training listener turns)."""
+    from mascot_dag.assets.registry import POLICY_SFT_MODEL
 
-    rows = store.query("SELECT * FROM contexts WHERE split = 'train' AND source = "
-                       "'empatheticdialogues' ORDER BY md5(context_id)").to_dict("records")
-    examples = sft_examples([context_from_row(r) for r in rows])
-    ss = SFTSettings(max_steps=settings.sft_steps, batch_size=4, save_steps=max(1, settings.sft_steps),
-                     seed=settings.seed, use_cpu=settings.use_cpu, bf16=not settings.use_cpu)
-    lora = lora_settings(settings)
-    base = base_model_path(chat)
-    out = Home.from_env().checkpoints / "sft_baseline" / fingerprint(base, examples, ss, lora)
-    with tracking.start_run(EXPERIMENT, "sft-baseline", {"asset": "eval_dialogues"}) as run:
-        tracking.log_params({"base_model": base, "examples": len(examples), **ss.__dict__})
-        result = train_sft_adapter(base, examples, ss, lora, out)
-        if result.loss_curve:
-            tracking.log_curve("loss", result.loss_curve)
-        tracking.log_adapter(result.adapter_dir)
-        version = tracking.register_version(SFT_MODEL, run)
-    name = f"{SFT_MODEL}@v{version}"
-    chat.backend().add_adapter(name, str(result.adapter_dir))
+    name, _ = attach(chat, tracking, POLICY_SFT_MODEL)
+    if name is None:
+        raise ValueError(f"the sft baseline needs {POLICY_SFT_MODEL}: materialise policy_sft")
     return name
 
 
 @dg.asset(group_name="evaluation", partitions_def=method_partitions,
-          deps=["director_adapter", "persona_adapters", "contexts"], kinds={"duckdb", "pytorch"})
+          deps=["director_adapter", "persona_adapters", "policy_sft", "contexts"], kinds={"duckdb", "pytorch"})
 def eval_dialogues(
     context: dg.AssetExecutionContext,
     store: DuckDBStore,
@@ -88,7 +70,7 @@ def eval_dialogues(
     alias = "champion" if method == gate.CHAMPION else None
     adapters, versions = attach_personas(chat, tracking, persona_ids, alias)
     director, director_version = attach(chat, tracking, DIRECTOR_MODEL, alias)
-    sft = train_sft(store, chat, tracking, settings) if method == "sft" else None
+    sft = sft_adapter(chat, tracking) if method == "sft" else None
     if method == gate.CHAMPION:
         # the director's alias marks a champion (apply_gate moves it with the personas')
         records = gate.relabel_method(
@@ -246,8 +228,8 @@ def eval_report(
     versions = _mascot_versions(store)
     decision = gate.gate_decision(
         current_champion_scores(store, tracking, scores), champion_exists(tracking),
-        margin=getattr(settings, "gate_margin", 0.0),
-        min_contexts=getattr(settings, "gate_min_contexts", 8), seed=settings.seed)
+        margin=settings.gate_margin,
+        min_contexts=settings.gate_min_contexts, seed=settings.seed)
     provenance = {
         "base model": chat.model_name, "judges": sorted(scores.judge.unique().tolist()),
         "adapter versions used by mascot": versions or "none",

@@ -1,22 +1,27 @@
 """Stage 1 data (group `feedback`): candidates -> agent-level judgments -> preference pairs.
 
-All three are partitioned by persona, so one run aligns one persona's data end to end and a
-re-run replaces exactly that persona's rows.
+All three are partitioned by persona. Candidates are sampled on the prompt the agents serve in
+(`lib.dialogue.opening_agent_messages`) from the supervised policy pi_SFT (`policy_sft`), with
+the candidate prompt style (few-shot by default). With `cross_persona_pairs`, persona p's
+judgments score the candidates of EVERY persona for the train contexts AS p, so its pairs can put
+another persona's voice on the rejected side (lib/preferences.py).
 """
 
 import dagster as dg
 import pandas as pd
 
 from mascot_dag.assets.common import persona_partitions, table_metadata
+from mascot_dag.lib.dialogue import opening_agent_messages
 from mascot_dag.lib.judges.base import ResponseItem
 from mascot_dag.lib.llm.cache import CachedChat
-from mascot_dag.lib.preferences import candidate_id, candidate_messages, make_pairs, mean_scores
+from mascot_dag.lib.preferences import candidate_id, candidate_seed, make_pairs, mean_scores
 from mascot_dag.lib.tables import card_from_row, context_from_row, score_rows
 from mascot_dag.lib.types import ChatRequest, SamplingParams
 from mascot_dag.resources.judge import EmbeddedJudgeResource
 from mascot_dag.resources.llm import ChatModelResource
 from mascot_dag.resources.settings import LineageSettings
 from mascot_dag.resources.store import DuckDBStore
+from mascot_dag.resources.tracking import MLflowResource
 
 SOURCE_OF_SET = {"support": "empatheticdialogues", "workplace": "qmsum"}
 
@@ -38,41 +43,55 @@ def load_roster(store: DuckDBStore, persona_set: str):
         raise ValueError(f"no personas of set {persona_set!r}: materialise `persona_cards` first")
     return [card_from_row(r) for r in rows.to_dict("records")]
 
+def policy_adapter(chat: ChatModelResource, tracking, settings: LineageSettings) -> str | None:
+    """The chat adapter name of pi_SFT (loaded into the backend), or None for policy_init=base."""
+    if settings.policy_init == "base":
+        return None
+    from mascot_dag.assets.registry import POLICY_SFT_MODEL, attach
+
+    name, _ = attach(chat, tracking, POLICY_SFT_MODEL)
+    if name is None:
+        raise ValueError(f"policy_init='sft' but no {POLICY_SFT_MODEL} in MLflow: "
+                         "materialise policy_sft first (or set policy_init='base')")
+    return name
+
+
 @dg.asset(
     group_name="feedback",
     partitions_def=persona_partitions,
-    deps=["contexts", "persona_prompts"],
+    deps=["contexts", "persona_prompts", "policy_sft"],
     kinds={"duckdb", "pytorch"},
 )
 def candidate_responses(
     context: dg.AssetExecutionContext,
     store: DuckDBStore,
     chat: ChatModelResource,
+    tracking: MLflowResource,
     settings: LineageSettings,
 ) -> dg.MaterializeResult:
-    """K sampled responses per (train context, persona) from the base policy (cached in DuckDB)."""
+    """K sampled responses per (train context, persona) from pi_SFT (cached in DuckDB)."""
     persona = context.partition_key
-    prompt = store.query(
-        "SELECT system_prompt FROM persona_prompts WHERE persona_id = ? AND style = ?",
-        [persona, settings.prompt_style],
-    )
-    if prompt.empty:
-        raise ValueError(f"no {settings.prompt_style} prompt for persona {persona}")
-    system = prompt.system_prompt.iloc[0]
+    roster = load_roster(store, settings.train_persona_set)
+    index = [c.persona_id for c in roster].index(persona)
+    card = roster[index]
     ctxs = train_contexts(store, settings)
+    adapter = policy_adapter(chat, tracking, settings)
     requests, meta = [], []
     for c in ctxs:
+        messages = tuple(opening_agent_messages(card, c, roster, settings.candidate_prompt_style))
         for k in range(settings.k_candidates):
-            seed = settings.seed * 1000 + k
-            sampling = SamplingParams(settings.max_new_tokens, settings.temperature, 0.95, seed)
-            requests.append(ChatRequest(tuple(candidate_messages(system, c)), sampling))
+            seed = candidate_seed(settings.seed, index, k)
+            sampling = SamplingParams(settings.max_new_tokens, settings.temperature,
+                                      settings.top_p, seed)
+            requests.append(ChatRequest(messages, sampling, adapter))
             meta.append((c.context_id, k, seed))
     cached = CachedChat(chat.backend(), store.db_path, chat.model_name)
     results = cached.generate(requests)
     df = pd.DataFrame(
         [
             {"candidate_id": candidate_id(cid, persona, k), "context_id": cid, "persona_id": persona,
-             "sample_idx": k, "prompt_style": settings.prompt_style, "model": chat.model_name,
+             "sample_idx": k, "prompt_style": settings.candidate_prompt_style,
+             "model": f"{chat.model_name}+{adapter}" if adapter else chat.model_name,
              "text": r.text, "completion_tokens": r.completion_tokens, "seed": seed}
             for (cid, k, seed), r in zip(meta, results, strict=True)
         ]
@@ -82,6 +101,7 @@ def candidate_responses(
         metadata=table_metadata(
             df[["candidate_id", "text", "completion_tokens"]],
             contexts=len(ctxs),
+            policy=adapter or "base",
             cache_hits=cached.hits,
             cache_misses=cached.misses,
             mean_completion_tokens=float(df.completion_tokens.mean()),
@@ -92,7 +112,8 @@ def candidate_responses(
 @dg.asset(
     group_name="feedback",
     partitions_def=persona_partitions,
-    deps=[candidate_responses],
+    # every persona's candidates: with cross_persona_pairs this persona judges all of them
+    deps=[dg.AssetDep(candidate_responses, partition_mapping=dg.AllPartitionMapping())],
     kinds={"duckdb"},
 )
 def persona_judgments(
@@ -101,14 +122,16 @@ def persona_judgments(
     judge: EmbeddedJudgeResource,
     settings: LineageSettings,
 ) -> dg.MaterializeResult:
-    """Agent-level rubric scores (5 criteria, 1-5) of every candidate, long format."""
+    """Agent-level rubric scores (5 criteria, 1-5) of the candidates judged AS this persona
+    (with cross_persona_pairs: every persona's candidates), long format."""
     persona = context.partition_key
     roster = load_roster(store, settings.train_persona_set)
     card = next(c for c in roster if c.persona_id == persona)
+    which = "" if settings.cross_persona_pairs else "WHERE c.persona_id = ?"
     cands = store.query(
         "SELECT c.candidate_id, c.text, x.text AS context_text FROM candidates c "
-        "JOIN contexts x USING (context_id) WHERE c.persona_id = ? ORDER BY c.candidate_id",
-        [persona],
+        f"JOIN contexts x USING (context_id) {which} ORDER BY c.candidate_id",
+        [] if settings.cross_persona_pairs else [persona],
     )
     if cands.empty:
         raise ValueError(f"no candidates for persona {persona}: materialise candidate_responses")
@@ -140,13 +163,16 @@ def persona_judgments(
 def persona_preference_pairs(
     context: dg.AssetExecutionContext, store: DuckDBStore, settings: LineageSettings
 ) -> dg.MaterializeResult:
-    """Chosen/rejected pairs of one context and persona with mean-score gap >= delta."""
+    """Chosen/rejected pairs of one context for this persona, persona-weighted score gap >= delta
+    (lib/preferences.py: the pool holds every persona's candidates with cross_persona_pairs)."""
     persona = context.partition_key
-    cands = store.query(
-        "SELECT candidate_id, context_id, persona_id FROM candidates WHERE persona_id = ?", [persona]
-    )
+    which = "" if settings.cross_persona_pairs else "WHERE persona_id = ?"
+    cands = store.query(f"SELECT candidate_id, context_id, persona_id FROM candidates {which}",
+                        [] if settings.cross_persona_pairs else [persona])
     judg = store.query("SELECT * FROM judgments WHERE persona_id = ?", [persona])
-    pairs = make_pairs(cands, mean_scores(judg), settings.preference_delta)
+    scores = mean_scores(judg, settings.persona_score_weight)
+    pairs = make_pairs(cands, scores, settings.preference_delta, persona=persona,
+                       max_per_context=settings.max_pairs_per_context)
     store.replace("preference_pairs", pairs, "persona_id = ?", [persona])
     margins = pairs.margin.describe().round(3).to_dict() if len(pairs) else {}
     if pairs.empty:
@@ -158,6 +184,8 @@ def persona_preference_pairs(
             delta=settings.preference_delta,
             margin_distribution={k: float(v) for k, v in margins.items()},
             contexts_with_pairs=int(pairs.context_id.nunique()) if len(pairs) else 0,
+            cross_persona_rejected=int(
+                (~pairs.rejected_id.str.contains(f"|{persona}|", regex=False)).sum()),
         )
     )
 

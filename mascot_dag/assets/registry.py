@@ -9,6 +9,8 @@ from mascot_dag.resources.tracking import MLflowResource
 
 DIRECTOR_MODEL = "mascot-director"
 REWARD_MODEL = "mascot-persona-reward"
+# pi_SFT: the supervised base policy of Stage 1; the `sft` evaluation baseline serves it too.
+POLICY_SFT_MODEL = "mascot-policy-sft"
 
 
 def persona_model(persona_id: str) -> str:

@@ -26,6 +26,25 @@ def schema_sql() -> str:
     return (SQL_DIR / "schema.sql").read_text(encoding="utf-8")
 
 
+def _migrate(con: duckdb.DuckDBPyConnection) -> None:
+    """Bring a file written by an older version to the current keys, in one transaction.
+
+    judgments: the key gained persona_id (a candidate is judged AS every persona when Stage 1
+    pools candidates across personas); rows are kept.
+    """
+    pk = con.execute(
+        "SELECT constraint_column_names FROM duckdb_constraints() "
+        "WHERE table_name = 'judgments' AND constraint_type = 'PRIMARY KEY'"
+    ).fetchone()
+    if pk and "persona_id" not in list(pk[0]):
+        con.execute("BEGIN")
+        con.execute("ALTER TABLE judgments RENAME TO judgments_old")
+        con.execute(schema_sql())
+        con.execute("INSERT INTO judgments SELECT * FROM judgments_old")
+        con.execute("DROP TABLE judgments_old")
+        con.execute("COMMIT")
+
+
 @contextlib.contextmanager
 def connect(
     path: str | Path, read_only: bool = False, lock_timeout_s: float = 60.0
@@ -48,6 +67,7 @@ def connect(
     try:
         if not read_only:
             con.execute(schema_sql())
+            _migrate(con)
         yield con
     finally:
         con.close()

@@ -42,14 +42,28 @@ def completion_text(completion: Any) -> str:
     )
 
 
-class FormatReward:
-    """Shape of a reply, in [0, 1]: 0.4 length + 0.3 no role break + 0.3 no speaking for others.
+# Talk ABOUT the turn instead of taking it: the 135M model often answers the agent prompt
+# ("Write your next turn as The Anchor.") with "Your next turn will be..." or "Here's a response".
+META_TALK = re.compile(
+    r"\b(?:next turn|write your|here'?s (?:a|my) (?:response|reply|turn)|my response|"
+    r"in this conversation|the conversation so far|as (?:the )?(?:anchor|catalyst|beacon|"
+    r"action guide|companion))\b",
+    re.IGNORECASE,
+)
+_TERMINAL = (".", "!", "?", '"', "'", ")")
 
-    - length: 0.4 inside [min_chars, max_chars]; below, 0.4 * chars / min_chars; above,
-      0.4 * max_chars / chars (partial credit, so longer-but-close beats far off);
-    - role break: 0.3 unless the text says "As an AI", "language model", ...;
-    - speaking for others: 0.3 unless a line starts with another agent's name (or User/Assistant/
-      System) followed by ":", i.e. the agent writes someone else's turn.
+
+class FormatReward:
+    """Shape of a reply, in [0, 1], five parts of 0.2 each, so that replies of one GRPO group
+    differ (a reward that is 1.0 for nearly every reply adds nothing to the advantages):
+
+    - length: inside [min_chars, max_chars]; below, 0.2 * chars / min_chars; above,
+      0.2 * max_chars / chars (partial credit, so longer-but-close beats far off);
+    - complete: the reply ends a sentence (. ! ? or a closing quote), not cut off mid-clause;
+    - in role: no "As an AI", "language model", ...;
+    - own voice: no line starting with another agent's name (or User/Assistant/System) + ":";
+    - no meta-talk: does not talk about the turn ("Your next turn...", "Here's a response").
+    A reply of only repeated words loses the length part (distinct words < 40% of words).
     An empty reply scores 0.0.
     """
 
@@ -66,21 +80,31 @@ class FormatReward:
         names = [re.escape(n.strip()) for n in (*self.other_names, *GENERIC_SPEAKERS) if n.strip()]
         self._prefix = re.compile(rf"^\s*(?:{'|'.join(names)})\s*:", re.IGNORECASE | re.MULTILINE)
 
-    def score_text(self, text: str) -> float:
+    def parts(self, text: str) -> dict[str, float]:
         text = text.strip()
         n = len(text)
         if n == 0:
-            return 0.0
+            return dict.fromkeys(("length", "complete", "in_role", "own_voice", "no_meta"), 0.0)
         if n < self.min_chars:
-            length = 0.4 * n / self.min_chars
+            length = 0.2 * n / self.min_chars
         elif n > self.max_chars:
-            length = 0.4 * self.max_chars / n
+            length = 0.2 * self.max_chars / n
         else:
-            length = 0.4
+            length = 0.2
+        words = text.lower().split()
+        if len(words) >= 5 and len(set(words)) / len(words) < 0.4:
+            length = 0.0
         lowered = text.lower()
-        in_role = 0.0 if any(p in lowered for p in ROLE_BREAKS) else 0.3
-        own_voice = 0.0 if self._prefix.search(text) else 0.3
-        return round(length + in_role + own_voice, 6)
+        return {
+            "length": length,
+            "complete": 0.2 if text.endswith(_TERMINAL) else 0.0,
+            "in_role": 0.0 if any(p in lowered for p in ROLE_BREAKS) else 0.2,
+            "own_voice": 0.0 if self._prefix.search(text) else 0.2,
+            "no_meta": 0.0 if META_TALK.search(text) else 0.2,
+        }
+
+    def score_text(self, text: str) -> float:
+        return round(sum(self.parts(text).values()), 6)
 
     def __call__(self, completions: Sequence[Any], **kwargs: Any) -> list[float | None]:
         return [self.score_text(completion_text(c)) for c in completions]
@@ -89,11 +113,12 @@ class FormatReward:
 def format_reward(
     min_chars: int = 20, max_chars: int = 400, other_names: Sequence[str] = ()
 ) -> FormatReward:
-    """Reward replies of sensible length that stay in role and speak only for themselves.
+    """Reward replies of sensible length that end a sentence, stay in role, speak only for
+    themselves and take the turn instead of talking about it.
 
     >>> reward = format_reward(other_names=["The Catalyst"])
     >>> reward([[{"role": "assistant", "content": "That sounds really hard. I'm here with you."}],
-    ...         [{"role": "assistant", "content": "The Catalyst: As an AI, I can't."}]])
+    ...         [{"role": "assistant", "content": "The Catalyst: As an AI, I can't"}]])
     [1.0, 0.4]
     """
     return FormatReward(min_chars, max_chars, other_names)

@@ -35,17 +35,90 @@ class LineageSettings(dg.ConfigurableResource):
     preference_delta: float = Field(
         default=0.5, description="Minimum mean-score gap (1-5 scale) for a preference pair."
     )
-    reward_steps: int = Field(default=3, description="RewardTrainer optimisation steps.")
+    # ---- Stage 1: supervised base policy (pi_SFT) and candidates --------------------------------
+    policy_init: str = Field(
+        default="sft",
+        description="Where Stage 1 starts: 'sft' = pi_SFT, a LoRA SFT on the training listener "
+        "turns (the paper's supervised base policy; candidates are sampled from it and every "
+        "persona adapter starts from its weights), or 'base' = the base model.",
+    )
+    policy_sft_steps: int = Field(default=8, description="SFT steps of pi_SFT.")
+    policy_sft_learning_rate: float = Field(default=2e-4, description="pi_SFT learning rate.")
+    candidate_prompt_style: str = Field(
+        default="few_shot",
+        description="Persona prompt style the K candidates are sampled with (zero_shot | "
+        "few_shot). The adapters learn on `prompt_style`, the prompt they serve in, so a richer "
+        "sampling prompt is distilled into the weights (context distillation).",
+    )
+    persona_score_weight: float = Field(
+        default=0.5,
+        description="Weight of the judge's consistency (persona fidelity) in the score that ranks "
+        "candidates for pairs and the warm start; the other four criteria share the rest.",
+    )
+    cross_persona_pairs: bool = Field(
+        default=True,
+        description="Pool the candidates of ALL personas' prompts for a context and judge each as "
+        "this persona: another persona's reply becomes a rejected side, so the reward model has a "
+        "reason to read the persona tag.",
+    )
+    max_pairs_per_context: int = Field(
+        default=6, description="Pairs kept per (context, persona): the largest margins."
+    )
+    # ---- Stage 1: reward model -----------------------------------------------------------------
+    reward_steps: int = Field(default=40, description="RewardTrainer optimisation steps.")
     reward_batch_size: int = Field(default=8, description="RewardTrainer batch size.")
-    grpo_steps: int = Field(default=2, description="GRPO steps per persona adapter.")
+    reward_learning_rate: float = Field(default=2e-4, description="Reward-model learning rate.")
+    reward_scheduler: str = Field(
+        default="cosine", description="LR schedule of the reward model (transformers name)."
+    )
+    reward_heldout_fraction: float = Field(
+        default=0.25, description="Share of train CONTEXTS whose pairs are held out."
+    )
+    reward_blocking: bool = Field(
+        default=False,
+        description="Fail the run (blocking check) when the held-out accuracy CI's lower bound "
+        "is not above 0.5; the study profile sets it.",
+    )
+    # ---- Stage 1: persona warm start and GRPO --------------------------------------------------
+    warm_start_steps: int = Field(
+        default=12,
+        description="Persona warm start: SFT steps on this persona's best-judged candidates "
+        "before GRPO (0 = off). Reported separately by the probe.",
+    )
+    warm_start_learning_rate: float = Field(default=2e-4, description="Warm-start learning rate.")
+    grpo_steps: int = Field(default=8, description="GRPO steps per persona adapter.")
     grpo_generations: int = Field(
-        default=2, description="GRPO generations per prompt (a group; 2 is the smallest TRL takes)."
+        default=4, description="GRPO group size (>= 4 keeps advantages graded, not +-0.71)."
     )
     grpo_completion_tokens: int = Field(default=24, description="GRPO max completion length.")
-    grpo_learning_rate: float = Field(default=5e-5, description="GRPO learning rate (LoRA).")
+    grpo_learning_rate: float = Field(default=1e-4, description="GRPO learning rate (LoRA).")
+    grpo_scheduler: str = Field(default="constant", description="GRPO LR schedule.")
+    grpo_beta: float = Field(
+        default=0.0,
+        description="KL coefficient against the base (0 skips the reference pass: faster on CPU).",
+    )
+    top_p: float = Field(
+        default=0.95, description="Nucleus sampling of candidates, GRPO and the probe alike."
+    )
     reward_model_weight: float = Field(default=1.0, description="Weight of the reward-model score.")
     format_reward_weight: float = Field(default=0.5, description="Weight of the format reward.")
     lora_r: int = Field(default=8, description="LoRA rank for every adapter.")
+    lora_targets: str = Field(
+        default="all-linear",
+        description="LoRA target modules: 'all-linear' or comma-separated names (q_proj,v_proj).",
+    )
+    # ---- Stage 1: persona probe ----------------------------------------------------------------
+    probe_contexts: int = Field(default=16, description="Held-out contexts of the persona probe.")
+    probe_seeds: int = Field(default=2, description="Sampling seeds per (context, persona).")
+    probe_warm_start: bool = Field(
+        default=False,
+        description="Also probe the warm-start adapter (before GRPO), so the warm start's share "
+        "of the effect is reported apart from GRPO's (one more generation pass).",
+    )
+    probe_blocking: bool = Field(
+        default=False,
+        description="Fail the run when the probe's identifiability gain CI includes zero (study).",
+    )
     use_cpu: bool = Field(default=True, description="Train on CPU (no bf16).")
     rollout_dialogues: int = Field(default=1, description="Stage 2 dialogues per mode.")
     agent_turns: int = Field(default=2, description="Agent turns per dialogue.")
@@ -56,4 +129,12 @@ class LineageSettings(dg.ConfigurableResource):
     block_size: int = Field(default=4, description="N: turns per judged block.")
     director_steps: int = Field(default=2, description="GRPO steps for the director.")
     eval_contexts: int = Field(default=1, description="Eval contexts per mode (0 = all).")
-    sft_steps: int = Field(default=2, description="SFT baseline steps.")
+    gate_margin: float = Field(
+        default=0.0,
+        description="Champion gate: the paired CI of (candidate - comparator) overall score, "
+        "0-100 points, must lie entirely above this margin.",
+    )
+    gate_min_contexts: int = Field(
+        default=8,
+        description="Champion gate: fewest paired eval contexts a promotion may rest on.",
+    )

@@ -66,14 +66,14 @@ CREATE TABLE IF NOT EXISTS candidates (
 -- and has score NULL: it is never silently given a default score.
 CREATE TABLE IF NOT EXISTS judgments (
     target_id    VARCHAR NOT NULL,      -- candidate_id
-    persona_id   VARCHAR,
+    persona_id   VARCHAR NOT NULL,      -- the persona the candidate was judged AS
     judge        VARCHAR NOT NULL,
     criterion    VARCHAR NOT NULL,
     score        DOUBLE,
     rationale    VARCHAR,
     status       VARCHAR NOT NULL,      -- ok | failed
     raw_output   VARCHAR,
-    PRIMARY KEY (target_id, judge, criterion)
+    PRIMARY KEY (target_id, persona_id, judge, criterion)
 );
 
 CREATE TABLE IF NOT EXISTS preference_pairs (
@@ -85,6 +85,23 @@ CREATE TABLE IF NOT EXISTS preference_pairs (
     chosen_score  DOUBLE NOT NULL,
     rejected_score DOUBLE NOT NULL,
     margin        DOUBLE NOT NULL
+);
+
+-- The persona probe (persona_adapters' check): one row per (context, persona, seed, arm). Arms:
+-- base (persona prompt, no adapter), warm_start (after the persona SFT), adapter (after GRPO).
+CREATE TABLE IF NOT EXISTS persona_probe (
+    persona_id    VARCHAR NOT NULL,
+    context_id    VARCHAR NOT NULL,
+    seed          INTEGER NOT NULL,
+    arm           VARCHAR NOT NULL,
+    model_version VARCHAR NOT NULL,
+    text          VARCHAR NOT NULL,
+    predicted     VARCHAR,             -- the independent classifier's persona
+    identifiable  DOUBLE NOT NULL,     -- predicted = persona_id (0/1)
+    consistency   DOUBLE,              -- embedded judge, 1-5
+    relevance     DOUBLE,              -- embedded judge, 1-5
+    copied        DOUBLE NOT NULL,     -- shares a content 4-gram with its card (0/1)
+    PRIMARY KEY (persona_id, context_id, seed, arm)
 );
 
 -- Dialogues of both Stage 2 rollouts (stage = 'rollout') and evaluation (stage = 'eval').

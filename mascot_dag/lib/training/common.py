@@ -37,6 +37,7 @@ def trainer_kwargs(settings: _TrainSettings, checkpoint_dir: Path) -> dict[str, 
         "per_device_train_batch_size": settings.batch_size,
         "gradient_accumulation_steps": 1,
         "learning_rate": settings.learning_rate,
+        "lr_scheduler_type": settings.lr_scheduler,
         "seed": settings.seed,
         "data_seed": settings.seed,
         "use_cpu": settings.use_cpu,
@@ -115,6 +116,26 @@ def save_adapter(trainer: Any, tokenizer: Any, output_dir: Path) -> Path:
     return adapter_dir
 
 
+def policy_model(base_model: str, init_adapter: str | Path | None, bf16: bool) -> Any:
+    """The causal LM a policy trainer starts from: the base model, or the base with a trainable
+    LoRA adapter loaded from `init_adapter` (e.g. pi_SFT, then the persona warm start), so one
+    adapter carries every stage and serves as one. Pass the result with peft_config=None."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(
+        base_model, dtype=torch.bfloat16 if bf16 else torch.float32
+    )
+    if init_adapter is None:
+        return model
+    from peft import PeftModel
+
+    init = Path(init_adapter)
+    if not (init / "adapter_config.json").exists():
+        raise FileNotFoundError(f"init adapter {init} has no adapter_config.json")
+    return PeftModel.from_pretrained(model, str(init), is_trainable=True)
+
+
 def load_tokenizer(base_model: str) -> Any:
     """The base model's tokenizer with a pad token (SmolLM2 and Llama-style models ship none)."""
     from transformers import AutoTokenizer
@@ -123,3 +144,40 @@ def load_tokenizer(base_model: str) -> Any:
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     return tok
+
+
+def lora_relative_change(adapter_dir: str | Path, base_model: str) -> float:
+    """Mean over adapted layers of ||scale * B @ A||_F / ||W||_F: how much an adapter changes
+    the weights it sits on, relative to them. LoRA B starts at zero, so a run that leaves this
+    near 1e-4 has changed no sampled token; around 1e-2 and up, outputs visibly change."""
+    import json
+
+    import torch
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    adapter_dir = Path(adapter_dir)
+    cfg = json.loads((adapter_dir / "adapter_config.json").read_text(encoding="utf-8"))
+    scale = float(cfg["lora_alpha"]) / float(cfg["r"])
+    lora = load_file(str(adapter_dir / "adapter_model.safetensors"))
+    base_files = sorted(Path(base_model).glob("*.safetensors"))
+    if not base_files:
+        raise FileNotFoundError(f"{base_model} has no *.safetensors to compare the adapter with")
+    handles = [safe_open(str(f), framework="pt") for f in base_files]
+    keys = {k: h for h in handles for k in h.keys()}  # noqa: SIM118 (safe_open has no __iter__)
+    ratios = []
+    for name, a in lora.items():
+        if ".lora_A." not in name:
+            continue
+        b = lora[name.replace(".lora_A.", ".lora_B.")]
+        # base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight -> model.layers.0...
+        stem = name.split(".lora_A.")[0].removeprefix("base_model.model.")
+        handle = keys.get(f"{stem}.weight")
+        if handle is None:
+            continue
+        w = handle.get_tensor(f"{stem}.weight").float()
+        delta = scale * (b.float() @ a.float())
+        ratios.append(float(torch.linalg.matrix_norm(delta) / torch.linalg.matrix_norm(w)))
+    if not ratios:
+        raise ValueError(f"{adapter_dir}: no LoRA layer matches a weight of {base_model}")
+    return sum(ratios) / len(ratios)

@@ -26,7 +26,10 @@ class LoraSettings:
     dropout: float = field(default=0.05, metadata={"help": "Dropout on the LoRA input, in [0, 1)."})
     target_modules: tuple[str, ...] = field(
         default=("q_proj", "v_proj"),
-        metadata={"help": "Names of the linear layers that get an adapter (Llama/Qwen naming)."},
+        metadata={
+            "help": "Names of the linear layers that get an adapter (Llama/Qwen naming), or "
+            "('all-linear',) for every linear layer but the output head (peft's shorthand)."
+        },
     )
 
     def __post_init__(self) -> None:
@@ -49,7 +52,10 @@ class LoraSettings:
             r=self.r,
             lora_alpha=self.alpha,
             lora_dropout=self.dropout,
-            target_modules=list(self.target_modules),
+            target_modules=(
+                "all-linear" if self.target_modules == ("all-linear",)
+                else list(self.target_modules)
+            ),
             task_type=task_type,
             modules_to_save=modules_to_save,
         )
@@ -64,6 +70,10 @@ class _TrainSettings:
     )
     batch_size: int = field(default=4, metadata={"help": "Per-device batch size."})
     learning_rate: float = field(default=1e-4, metadata={"help": "AdamW learning rate (LoRA)."})
+    lr_scheduler: str = field(
+        default="linear",
+        metadata={"help": "transformers scheduler name: linear | cosine | constant | ..."},
+    )
     save_steps: int = field(
         default=10, metadata={"help": "Checkpoint every N steps; an interrupted run resumes there."}
     )
@@ -159,6 +169,11 @@ class GRPOSettings(_TrainSettings):
         },
     )
     temperature: float = field(default=0.9, metadata={"help": "Sampling temperature (> 0)."})
+    top_p: float = field(
+        default=0.95,
+        metadata={"help": "Nucleus sampling; the same as candidate generation, so GRPO samples "
+                  "the distribution the reward model was trained on."},
+    )
     use_vllm: bool = field(
         default=False, metadata={"help": "Generate with vLLM (GPU machines with the gpu extra)."}
     )
@@ -183,6 +198,7 @@ class GRPOSettings(_TrainSettings):
         _check(
             self.temperature > 0, f"GRPOSettings.temperature must be > 0, got {self.temperature}"
         )
+        _check(0 < self.top_p <= 1, f"GRPOSettings.top_p must be in (0, 1], got {self.top_p}")
         _check(
             not (self.use_vllm and self.use_cpu),
             "GRPOSettings.use_vllm=True needs a GPU: set use_cpu=False (and install the gpu extra)",

@@ -21,6 +21,7 @@ from mascot_dag.lib.training.common import (
     clean_messages,
     curve,
     load_tokenizer,
+    policy_model,
     prepare_checkpoints,
     reward_curves,
     save_adapter,
@@ -91,15 +92,17 @@ def train_grpo_adapter(
     resume: bool = True,
     callbacks: list | None = None,
     columns: dict[str, list] | None = None,
+    init_adapter: Path | str | None = None,
 ) -> GRPOResult:
     """Train a LoRA adapter with GRPO on conversational prompts; adapter -> output_dir/adapter.
 
     `reward_funcs` follow TRL's form (see lib/rewards.py); `reward_weights` (one per function,
     None = all 1.0) weight their sum. `columns` are extra per-prompt dataset columns that TRL hands
     to every reward function as keyword arguments (e.g. `reward_prompt`).
-    `callbacks=[StopAfterSteps(n)]` simulates an interruption.
+    `callbacks=[StopAfterSteps(n)]` simulates an interruption. `init_adapter`: continue that
+    LoRA adapter (pi_SFT or the persona warm start) instead of starting one at B = 0; the KL
+    reference (beta > 0) is then the base model with the adapter disabled.
     """
-    import torch
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
@@ -125,19 +128,20 @@ def train_grpo_adapter(
         max_completion_length=settings.max_completion_length,
         beta=settings.beta,
         temperature=settings.temperature,
+        top_p=settings.top_p,
         reward_weights=list(reward_weights) if reward_weights is not None else None,
         use_vllm=settings.use_vllm,
-        # float32 weights on CPU; bf16 weights (LoRA stays float32) when training in bf16 on a GPU.
-        model_init_kwargs={"dtype": torch.bfloat16 if settings.bf16 else torch.float32},
     )
     timer = StepTimer()
+    # float32 weights on CPU; bf16 weights (LoRA stays float32) when training in bf16 on a GPU.
+    model = policy_model(base_model, init_adapter, settings.bf16)
     trainer = GRPOTrainer(
-        model=base_model,
+        model=model,
         reward_funcs=list(reward_funcs),
         args=args,
         train_dataset=Dataset.from_list(_clean_prompts(prompts, columns)),
         processing_class=tokenizer,
-        peft_config=lora.to_peft("CAUSAL_LM"),
+        peft_config=None if init_adapter is not None else lora.to_peft("CAUSAL_LM"),
         callbacks=[timer, *(callbacks or [])],
     )
     trainer.train(resume_from_checkpoint=last)

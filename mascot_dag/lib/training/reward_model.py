@@ -44,26 +44,43 @@ class RewardModelResult:
     seconds_per_step: float | None
     resumed_from: str | None = None
     heldout_margins: list[float] = field(default_factory=list)  # score(chosen) - score(rejected)
+    heldout_groups: list[str] = field(default_factory=list)  # each held-out pair's context
+
+    def heldout_accuracy_ci(self, seed: int = 0) -> dict[str, float]:
+        """Held-out accuracy with a 95% CI that resamples contexts (pairs of one context share
+        candidates, so they are not independent): {"mean", "lo", "hi", "n_units", ...}."""
+        from mascot_dag.lib.stats import paired_cluster_bootstrap
+
+        groups = self.heldout_groups or [str(i) for i in range(len(self.heldout_margins))]
+        correct = [1.0 if m > 0 else 0.0 for m in self.heldout_margins]
+        return paired_cluster_bootstrap(groups, correct, seed=seed)
 
 
 def split_pairs(
     pairs: Sequence[dict], heldout_fraction: float, seed: int
 ) -> tuple[list[dict], list[dict]]:
-    """Deterministic (train, heldout) split: the pairs with the lowest seeded hashes are held out.
+    """Deterministic (train, heldout) split by GROUP: the groups (a pair's "group", its context
+    id; the pair itself when absent) with the lowest seeded hashes are held out whole.
 
+    Splitting by context means no candidate, and no situation, is on both sides: pairs of one
+    context share candidates, so a pair-level split would let the held-out side test memory.
     Hashing the content (not the position) makes the split independent of the rows' order.
     """
     if heldout_fraction <= 0 or len(pairs) < 2:
         return list(pairs), []
 
-    def key(p: dict) -> str:
-        blob = json.dumps([seed, p["prompt"], p["chosen"], p["rejected"]], sort_keys=True)
-        return hashlib.sha256(blob.encode("utf-8")).hexdigest()
+    def group(p: dict) -> str:
+        if "group" in p:
+            return json.dumps([seed, str(p["group"])])
+        return json.dumps([seed, p["prompt"], p["chosen"], p["rejected"]], sort_keys=True)
 
-    order = sorted(range(len(pairs)), key=lambda i: key(pairs[i]))
-    n_held = min(len(pairs) - 1, max(1, math.ceil(heldout_fraction * len(pairs))))
-    held = set(order[:n_held])
-    return [p for i, p in enumerate(pairs) if i not in held], [pairs[i] for i in sorted(held)]
+    groups = sorted({group(p) for p in pairs},
+                    key=lambda g: hashlib.sha256(g.encode("utf-8")).hexdigest())
+    if len(groups) < 2:
+        return list(pairs), []
+    n_held = min(len(groups) - 1, max(1, math.ceil(heldout_fraction * len(groups))))
+    held = set(groups[:n_held])
+    return [p for p in pairs if group(p) not in held], [p for p in pairs if group(p) in held]
 
 
 class RewardScorer:
@@ -186,6 +203,7 @@ def train_reward_model(
                 "prompt": clean_messages(p.get("prompt"), f"{where}: 'prompt'"),
                 "chosen": p["chosen"],
                 "rejected": p["rejected"],
+                **({"group": str(p["group"])} if "group" in p else {}),
             }
         )
     train, heldout = split_pairs(clean, settings.heldout_fraction, settings.seed)
@@ -243,4 +261,5 @@ def train_reward_model(
         seconds_per_step=timer.seconds_per_step,
         resumed_from=last,
         heldout_margins=margins,
+        heldout_groups=[str(p.get("group", i)) for i, p in enumerate(heldout)],
     )

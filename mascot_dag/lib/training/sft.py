@@ -15,6 +15,7 @@ from mascot_dag.lib.training.common import (
     Curve,
     curve,
     load_tokenizer,
+    policy_model,
     prepare_checkpoints,
     save_adapter,
     trainable_percent,
@@ -62,11 +63,13 @@ def train_sft_adapter(
     output_dir: Path,
     resume: bool = True,
     callbacks: list | None = None,
+    init_adapter: str | Path | None = None,
 ) -> SFTResult:
-    """Fine-tune a LoRA adapter on `{"messages": [...]}` examples; adapter -> output_dir/adapter."""
-    import torch
+    """Fine-tune a LoRA adapter on `{"messages": [...]}` examples; adapter -> output_dir/adapter.
+
+    `init_adapter`: continue training that adapter (its LoRA config wins over `lora`) instead of
+    a fresh one, e.g. the persona warm start on top of pi_SFT."""
     from datasets import Dataset
-    from transformers import AutoModelForCausalLM
     from trl import SFTConfig, SFTTrainer
 
     from mascot_dag.lib.training.callbacks import StepTimer
@@ -77,9 +80,7 @@ def train_sft_adapter(
     output_dir = Path(output_dir)
     ckpt_dir, last = prepare_checkpoints(output_dir, resume)
     tokenizer = load_tokenizer(base_model)
-    model = AutoModelForCausalLM.from_pretrained(
-        base_model, dtype=torch.bfloat16 if settings.bf16 else torch.float32
-    )
+    model = policy_model(base_model, init_adapter, settings.bf16)
     args = SFTConfig(
         **trainer_kwargs(settings, ckpt_dir),
         max_length=settings.max_length,
@@ -91,7 +92,7 @@ def train_sft_adapter(
         args=args,
         train_dataset=Dataset.from_list(rows),
         processing_class=tokenizer,
-        peft_config=lora.to_peft("CAUSAL_LM"),
+        peft_config=None if init_adapter is not None else lora.to_peft("CAUSAL_LM"),
         callbacks=[timer, *(callbacks or [])],
     )
     trainer.train(resume_from_checkpoint=last)

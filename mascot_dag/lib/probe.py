@@ -1,0 +1,146 @@
+"""The persona probe: does an adapter make its persona more recognisable than the base model?
+
+A PAIRED design on held-out contexts: for every (context, persona, seed) the base model (persona
+prompt, no adapter) and the adapter (same prompt, same sampling seed) answer the same request, so
+each unit yields one difference per measure and the only thing that changes is the adapter. The
+95% CI of each mean difference comes from a bootstrap that resamples CONTEXTS (a context's units
+share the situation; `stats.paired_cluster_bootstrap`).
+
+Measures per unit (base and adapter):
+- identifiable: the independent classifier names the intended persona (0/1). The classifier is
+  `ReferenceClassifier`: TF-IDF word and character n-grams + logistic regression, trained on
+  reference utterances written for the probe (`personas/probe/<set>.yaml`). It shares nothing with
+  the training signal: the reward model learns from the embedded judge, whose persona signal is
+  MiniLM similarity to the persona CARDS; the probe sees neither the cards nor MiniLM.
+- consistency, relevance: the embedded judge's scores (1-5), reported beside the classifier
+  because they ARE close to the training signal (a gain there alone proves little);
+- copied: the reply shares a content 4-gram with its persona card (keyword stuffing);
+- identical: the adapter's text equals the base model's (the adapter changed nothing).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import yaml
+
+from mascot_dag.lib.stats import paired_cluster_bootstrap
+
+PROBE_DIR = Path(__file__).resolve().parent.parent / "personas" / "probe"
+ARMS = ("base", "adapter")
+MEASURES = ("identifiable", "consistency", "relevance", "copied")
+
+
+def load_reference_utterances(persona_set: str, directory: Path = PROBE_DIR) -> dict[str, list[str]]:
+    """persona_id -> reference utterances of `persona_set`; errors name the file and the key."""
+    path = Path(directory) / f"{persona_set}.yaml"
+    if not path.exists():
+        raise FileNotFoundError(f"no probe reference utterances for set {persona_set!r}: {path}")
+    data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    utterances = data.get("utterances")
+    if not isinstance(utterances, dict) or len(utterances) < 2:
+        raise ValueError(f"{path}: 'utterances' must map >= 2 persona ids to lists of texts")
+    out = {}
+    for pid, texts in utterances.items():
+        if not isinstance(texts, list) or not all(isinstance(t, str) and t.strip() for t in texts):
+            raise ValueError(f"{path}: utterances.{pid} must be a list of non-empty strings")
+        out[str(pid)] = [t.strip() for t in texts]
+    return out
+
+
+class ReferenceClassifier:
+    """Which persona does a text sound like? Independent of the training signal (module doc)."""
+
+    def __init__(self, utterances: dict[str, list[str]], seed: int = 0) -> None:
+        from sklearn.feature_extraction.text import TfidfVectorizer
+        from sklearn.linear_model import LogisticRegression
+        from sklearn.pipeline import make_pipeline, make_union
+
+        texts = [t for texts in utterances.values() for t in texts]
+        labels = [pid for pid, texts in utterances.items() for _ in texts]
+        if len(set(labels)) < 2:
+            raise ValueError("ReferenceClassifier needs utterances of >= 2 personas")
+        self.labels = sorted(set(labels))
+        # Words catch what a persona does ("what if", "step", "proud"); characters catch style
+        # without depending on the exact word forms a small model produces.
+        features = make_union(
+            TfidfVectorizer(ngram_range=(1, 2), sublinear_tf=True, lowercase=True),
+            TfidfVectorizer(analyzer="char_wb", ngram_range=(3, 5), sublinear_tf=True),
+        )
+        self.model = make_pipeline(features, LogisticRegression(max_iter=2000, C=4.0,
+                                                                random_state=seed))
+        self.model.fit(texts, labels)
+
+    @classmethod
+    def for_set(cls, persona_set: str, seed: int = 0) -> ReferenceClassifier:
+        return cls(load_reference_utterances(persona_set), seed=seed)
+
+    def predict(self, texts: Sequence[str]) -> list[str]:
+        return [str(p) for p in self.model.predict(list(texts))] if texts else []
+
+
+def cross_validated_accuracy(utterances: dict[str, list[str]], folds: int = 5) -> float:
+    """How well the classifier recognises held-out REFERENCE utterances (its own validity)."""
+    rng = np.random.default_rng(0)
+    items = [(pid, t) for pid, ts in utterances.items() for t in ts]
+    fold = rng.permutation(len(items)) % folds
+    hits = 0
+    for f in range(folds):
+        train: dict[str, list[str]] = {}
+        for (pid, t), g in zip(items, fold, strict=True):
+            if g != f:
+                train.setdefault(pid, []).append(t)
+        test = [(pid, t) for (pid, t), g in zip(items, fold, strict=True) if g == f]
+        pred = ReferenceClassifier(train).predict([t for _, t in test])
+        hits += sum(p == pid for p, (pid, _) in zip(pred, test, strict=True))
+    return hits / len(items)
+
+
+@dataclass(frozen=True)
+class ProbeUnit:
+    """One paired unit: the same request answered by both arms."""
+
+    context_id: str
+    persona_id: str
+    seed: int
+
+
+def unit_table(units: Sequence[ProbeUnit], base_texts: Sequence[str],
+               adapter_texts: Sequence[str]) -> pd.DataFrame:
+    """Long table (context_id, persona_id, seed, arm, text), two rows per unit."""
+    if not len(units) == len(base_texts) == len(adapter_texts):
+        raise ValueError(f"{len(units)} units but {len(base_texts)} base and "
+                         f"{len(adapter_texts)} adapter texts")
+    rows = []
+    for u, b, a in zip(units, base_texts, adapter_texts, strict=True):
+        for arm, text in (("base", b), ("adapter", a)):
+            rows.append({"context_id": u.context_id, "persona_id": u.persona_id,
+                         "seed": u.seed, "arm": arm, "text": text})
+    return pd.DataFrame(rows)
+
+
+def summarise(table: pd.DataFrame, seed: int = 0) -> pd.DataFrame:
+    """Per persona and overall ('all'): mean of every measure per arm, the paired difference
+    (adapter - base) with its context-clustered 95% CI, n units / contexts, and the share of
+    identical outputs. `table` has the unit_table columns plus one column per measure."""
+    key = ["context_id", "persona_id", "seed"]
+    wide = table.pivot_table(index=key, columns="arm", values=list(MEASURES), aggfunc="first")
+    texts = table.pivot_table(index=key, columns="arm", values="text", aggfunc="first")
+    wide = wide.reset_index()
+    wide["identical"] = (texts["base"].str.strip() == texts["adapter"].str.strip()).to_numpy()
+    rows = []
+    groups = [("all", wide)] + [(p, g) for p, g in wide.groupby("persona_id", sort=True)]
+    for persona, g in groups:
+        row: dict = {"persona": persona, "n_units": len(g), "n_contexts": g.context_id.nunique(),
+                     "identical_share": float(g.identical.mean())}
+        for m in MEASURES:
+            base, adapted = g[(m, "base")].astype(float), g[(m, "adapter")].astype(float)
+            ci = paired_cluster_bootstrap(list(g.context_id), list(adapted - base), seed=seed)
+            row |= {f"{m}_base": float(base.mean()), f"{m}_adapter": float(adapted.mean()),
+                    f"{m}_gain": ci["mean"], f"{m}_lo": ci["lo"], f"{m}_hi": ci["hi"]}
+        rows.append(row)
+    return pd.DataFrame(rows)

@@ -1,0 +1,94 @@
+"""The persona probe: its independent classifier, and the paired, context-clustered summary."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from mascot_dag.lib import probe
+from mascot_dag.lib.personas import load_personas, personas_of_set
+from mascot_dag.lib.stats import paired_cluster_bootstrap, significance_mark
+
+
+@pytest.mark.parametrize("persona_set", ["support", "workplace"])
+def test_reference_classifier_recognises_held_out_reference_utterances(persona_set):
+    utterances = probe.load_reference_utterances(persona_set)
+    cards = personas_of_set(load_personas(), persona_set)
+    assert set(utterances) == {c.persona_id for c in cards}
+    assert all(len(v) >= 30 for v in utterances.values())
+    # well above chance (1/4) on utterances it never saw: the probe can tell personas apart
+    assert probe.cross_validated_accuracy(utterances) > 0.55
+
+
+def test_reference_utterances_do_not_copy_the_cards():
+    """The probe must not reward copying a card: its data shares no 4-gram with the cards."""
+    from mascot_dag.lib.judges.features import copied_grams, phrase_grams
+
+    for card in personas_of_set(load_personas(), "support"):
+        grams = phrase_grams([card.description, *card.behaviours, *card.examples])
+        texts = probe.load_reference_utterances("support")[card.persona_id]
+        assert sum(copied_grams(t, grams) > 0 for t in texts) == 0, card.persona_id
+
+
+def test_bad_reference_file_names_the_file(tmp_path):
+    (tmp_path / "support.yaml").write_text("utterances:\n  anchor: [1, 2]\n  beacon: ['x']\n")
+    with pytest.raises(ValueError, match=r"support\.yaml: utterances\.anchor"):
+        probe.load_reference_utterances("support", tmp_path)
+    with pytest.raises(FileNotFoundError, match="workplace"):
+        probe.load_reference_utterances("workplace", tmp_path)
+
+
+def _table(gain_contexts: int, n_contexts: int = 10) -> pd.DataFrame:
+    """Two personas x n contexts x 2 seeds; the adapter becomes identifiable on the first
+    `gain_contexts` contexts, the base never is."""
+    units, base, adapted = [], [], []
+    for c in range(n_contexts):
+        for persona in ("anchor", "catalyst"):
+            for s in range(2):
+                units.append(probe.ProbeUnit(f"c{c}", persona, s))
+                base.append(f"base {c} {persona} {s}")
+                adapted.append(f"base {c} {persona} {s}" if c >= gain_contexts else f"new {c}")
+    t = probe.unit_table(units, base, adapted)
+    changed = t.text.str.startswith("new")
+    t["identifiable"] = changed.astype(float)
+    t["consistency"] = 2.0 + changed
+    t["relevance"] = 3.0
+    t["copied"] = 0.0
+    return t
+
+
+def test_summary_is_paired_and_clustered_by_context():
+    s = probe.summarise(_table(gain_contexts=10)).set_index("persona")
+    assert s.loc["all", "n_units"] == 40 and s.loc["all", "n_contexts"] == 10
+    assert s.loc["all", "identifiable_gain"] == pytest.approx(1.0)
+    assert s.loc["all", "identifiable_lo"] == pytest.approx(1.0)
+    assert s.loc["anchor", "identical_share"] == 0.0
+    assert s.loc["all", "relevance_gain"] == 0.0
+
+    none = probe.summarise(_table(gain_contexts=0)).set_index("persona")
+    assert none.loc["all", "identical_share"] == 1.0
+    assert none.loc["all", "identifiable_gain"] == 0.0
+
+    # a gain on 2 of 10 contexts: positive, but the context bootstrap keeps the CI honest
+    few = probe.summarise(_table(gain_contexts=2)).set_index("persona")
+    assert few.loc["all", "identifiable_gain"] == pytest.approx(0.2)
+    assert few.loc["all", "identifiable_lo"] < 0.2 < few.loc["all", "identifiable_hi"]
+
+
+def test_unit_table_rejects_mismatched_lengths():
+    with pytest.raises(ValueError, match="2 units but 1 base"):
+        probe.unit_table([probe.ProbeUnit("c", "a", 0)] * 2, ["x"], ["y", "z"])
+
+
+def test_paired_cluster_bootstrap_resamples_contexts_not_units():
+    # one context with many identical units must not look like many independent observations
+    clusters = ["a"] * 50 + ["b", "c"]
+    diffs = [1.0] * 50 + [-1.0, -1.0]
+    r = paired_cluster_bootstrap(clusters, diffs, n=2000, seed=1)
+    assert r["n_clusters"] == 3 and r["n_units"] == 52
+    assert r["lo"] < 0 < r["hi"]  # 3 contexts, 2 negative: no significant effect
+    assert significance_mark(r["lo"], r["hi"]) == ""
+    clear = paired_cluster_bootstrap([f"c{i}" for i in range(30)], [0.5] * 30)
+    assert clear["lo"] == clear["hi"] == 0.5 and significance_mark(clear["lo"], clear["hi"]) == "*"
+    empty = paired_cluster_bootstrap([], [])
+    assert empty["n_units"] == 0 and empty["mean"] != empty["mean"]  # NaN
