@@ -45,7 +45,7 @@ def test_demo_contexts_and_personas_idempotent(home):
     checks = result.get_asset_check_evaluations()
     assert checks and all(c.passed for c in checks), [(c.check_name, c.passed) for c in checks]
     n1 = _count(home, "SELECT count(*), count(DISTINCT source), count(DISTINCT split) FROM contexts")[0]
-    assert n1[0] > 24 and n1[1] == 2 and n1[2] == 2
+    assert n1[0] > 80 and n1[1] == 2 and n1[2] == 2
     valences = {r[0] for r in _count(home, "SELECT DISTINCT valence FROM contexts WHERE valence IS NOT NULL")}
     assert valences == {"positive", "negative", "neutral"}
     assert _count(home, "SELECT count(*) FROM personas")[0][0] == 8
