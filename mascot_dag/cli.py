@@ -23,7 +23,7 @@ def init() -> None:
 
 @app.command()
 def demo(
-    profile: str = typer.Option(None, help="embedded (default) | paper | tiny; or $MASCOT_PROFILE"),
+    profile: str = typer.Option(None, help="embedded (default) | study | paper | tiny; or $MASCOT_PROFILE"),
 ) -> None:
     """Materialise the whole lineage on the embedded default and say where the results are."""
     from mascot_dag.pipeline import prepare_home

@@ -4,6 +4,10 @@
   MLflow in MASCOT_HOME; sizes that finish the whole lineage in minutes on 2 cores.
 - paper: Hugging Face models (Qwen3 class) with vLLM on a GPU, an LLM judge behind an
   OpenAI-compatible endpoint next to the embedded judge, paper-scale sizes.
+- study: the embedded models at the sizes that measure Stage 1 with power on a real dataset
+  (MASCOT_ED_PATH, e.g. EmpatheticDialogues valid.csv): >= 32 held-out contexts x every persona x
+  2 seeds in the persona probe, a reward model held out by context, blocking checks; ~1 h on
+  2 cores.
 - tiny: what the tests use: the embedded models with the smallest sizes that still exercise
   every code path.
 Pick one with MASCOT_PROFILE (or `mascot demo --profile`).
@@ -13,7 +17,7 @@ from __future__ import annotations
 
 import os
 
-PROFILES = ("embedded", "paper", "tiny")
+PROFILES = ("embedded", "study", "paper", "tiny")
 
 
 def profile_name(name: str | None = None) -> str:
@@ -29,20 +33,33 @@ def settings_for(name: str):
     if name == "tiny":
         # Smallest sizes that still run every code path with real models (tests).
         return LineageSettings(
-            max_train_contexts=2, k_candidates=2, max_new_tokens=16, reward_steps=2,
-            reward_batch_size=4, grpo_steps=1, grpo_generations=2, grpo_completion_tokens=8,
+            max_train_contexts=2, k_candidates=2, max_new_tokens=16, policy_sft_steps=1,
+            reward_steps=2, reward_batch_size=4, warm_start_steps=1, grpo_steps=1,
+            grpo_generations=2, grpo_completion_tokens=8, probe_contexts=2, probe_seeds=1,
             rollout_dialogues=1, agent_turns=2, block_size=2, director_steps=1,
-            eval_contexts=1, sft_steps=1,
+            eval_contexts=1, gate_min_contexts=1,
+        )
+    if name == "study":
+        # Sized to SHOW the Stage 1 effect with power (issue: held-out, paired, powered):
+        # 48 train contexts x K=4 x 4 personas, probe on 32 held-out contexts x 4 personas x 2
+        # seeds = 256 paired units; evaluation kept small (the Stage 1 probe is the measure).
+        return LineageSettings(
+            max_train_contexts=48, k_candidates=4, policy_sft_steps=24, reward_steps=80,
+            warm_start_steps=24, grpo_steps=12, probe_contexts=32, probe_seeds=2,
+            probe_warm_start=True, reward_blocking=True, probe_blocking=True,
+            rollout_dialogues=2, agent_turns=6, agents_per_round=2, eval_contexts=4,
         )
     if name == "paper":
         # Paper-scale sizes (GPU): K=8 candidates, hundreds of GRPO steps, long dialogues.
         return LineageSettings(
             max_train_contexts=0, k_candidates=8, max_new_tokens=256, temperature=1.0,
-            reward_steps=500, reward_batch_size=32, grpo_steps=300, grpo_generations=8,
-            grpo_completion_tokens=256, grpo_learning_rate=1e-5, lora_r=16, use_cpu=False,
+            policy_sft_steps=300, reward_steps=500, reward_batch_size=32, warm_start_steps=100,
+            grpo_steps=300, grpo_generations=8, grpo_completion_tokens=256,
+            grpo_learning_rate=1e-5, grpo_beta=0.04, lora_r=16, use_cpu=False,
+            probe_contexts=64, probe_seeds=4, probe_warm_start=True, reward_blocking=True,
+            probe_blocking=True,
             rollout_dialogues=256, agent_turns=12, agents_per_round=2, block_size=4,
-            director_steps=200, prompt_style="few_shot",
-            eval_contexts=0, sft_steps=300,
+            director_steps=200, prompt_style="few_shot", eval_contexts=0,
         )
     return LineageSettings()
 

@@ -76,6 +76,12 @@ def database(home) -> Path:
             ("d1", 3, "catalyst", "question", "curious", "retried", "{}"),
             ("d2", 1, "beacon", "encourage", "upbeat", "ok", "{}"),
         ])
+        _insert(con, "persona_probe", [
+            ("anchor", "ed:3", 0, "base", "base", "You will be fine.", "beacon", 0.0, 2.0, 3.0,
+             0.0),
+            ("anchor", "ed:3", 0, "adapter", "mascot-persona-anchor/2", "That hurts, it makes "
+             "sense.", "anchor", 1.0, 4.0, 3.5, 0.0),
+        ])
         _insert(con, "eval_scores", [
             ("mascot", "d1", "agent", "embedded", "Consistency", 4.0, True),
             ("mascot", "d3", "agent", "embedded", "Consistency", 3.0, True),
@@ -103,6 +109,10 @@ def test_every_query_returns_rows(database):
 
 def test_query_values(database):
     r = _run_all(database)
+
+    probe = r["persona_probe"].set_index("arm")
+    assert probe.loc["adapter", "identifiable"] == 1.0 and probe.loc["base", "identifiable"] == 0.0
+    assert probe.loc["adapter", "model_version"] == "mascot-persona-anchor/2"
 
     ps = r["persona_scores"].set_index(["persona_id", "criterion"])
     row = ps.loc[("anchor", "Consistency")]

@@ -116,6 +116,7 @@ GOOD = "That sounds really hard. It makes sense that you feel shaken; I'm here w
         ("Your next turn will be to write your next turn.", 0.8),  # talks about the turn
         ("Ok.", round(0.2 * 3 / 20 + 0.8, 6)),  # too short: partial length credit
         ("x" * 800, round(0.2 * 400 / 800 + 0.6, 6)),  # too long, and cut off
+        ("It hurts. And I think that you", round(0.2 * 9 / 30 + 0.8, 6)),  # 9 of 30 chars done
         ("so so so so so so so so so so.", 0.8),  # one word repeated: no length credit
         ("   ", 0.0),  # empty
         ("The Catalyst: As an AI, I can't", 0.4),  # three failures

@@ -50,7 +50,15 @@ META_TALK = re.compile(
     r"action guide|companion))\b",
     re.IGNORECASE,
 )
-_TERMINAL = (".", "!", "?", '"', "'", ")")
+_TERMINAL = (".", "!", "?")
+
+
+def _finished_share(text: str) -> float:
+    """Share of characters up to the last sentence end (1.0 when the text ends one, closing
+    quotes and brackets after it included)."""
+    text = text.rstrip("\"')\u201d\u2019 ")
+    last = max(text.rfind(c) for c in _TERMINAL)
+    return (last + 1) / len(text) if last >= 0 and text else 0.0
 
 
 class FormatReward:
@@ -59,7 +67,8 @@ class FormatReward:
 
     - length: inside [min_chars, max_chars]; below, 0.2 * chars / min_chars; above,
       0.2 * max_chars / chars (partial credit, so longer-but-close beats far off);
-    - complete: the reply ends a sentence (. ! ? or a closing quote), not cut off mid-clause;
+    - complete: the share of the reply that lies in finished sentences (up to its last . ! ?): graded, because GRPO completions are cut at a token budget and a
+      reply that finishes a thought early beats one that trails off;
     - in role: no "As an AI", "language model", ...;
     - own voice: no line starting with another agent's name (or User/Assistant/System) + ":";
     - no meta-talk: does not talk about the turn ("Your next turn...", "Here's a response").
@@ -97,7 +106,7 @@ class FormatReward:
         lowered = text.lower()
         return {
             "length": length,
-            "complete": 0.2 if text.endswith(_TERMINAL) else 0.0,
+            "complete": 0.2 * _finished_share(text),
             "in_role": 0.0 if any(p in lowered for p in ROLE_BREAKS) else 0.2,
             "own_voice": 0.0 if self._prefix.search(text) else 0.2,
             "no_meta": 0.0 if META_TALK.search(text) else 0.2,

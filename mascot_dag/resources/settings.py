@@ -27,9 +27,9 @@ class LineageSettings(dg.ConfigurableResource):
         "tokens to every persona prompt; the aligned adapters are what carry the persona.",
     )
     max_train_contexts: int = Field(
-        default=4, description="Train contexts sampled per persona in Stage 1 (0 = all)."
+        default=8, description="Train contexts sampled per persona in Stage 1 (0 = all)."
     )
-    k_candidates: int = Field(default=4, description="K: candidates per (context, persona).")
+    k_candidates: int = Field(default=3, description="K: candidates per (context, persona).")
     max_new_tokens: int = Field(default=24, description="Tokens per candidate / agent turn.")
     temperature: float = Field(default=0.9, description="Sampling temperature for candidates.")
     preference_delta: float = Field(
@@ -42,7 +42,7 @@ class LineageSettings(dg.ConfigurableResource):
         "turns (the paper's supervised base policy; candidates are sampled from it and every "
         "persona adapter starts from its weights), or 'base' = the base model.",
     )
-    policy_sft_steps: int = Field(default=8, description="SFT steps of pi_SFT.")
+    policy_sft_steps: int = Field(default=6, description="SFT steps of pi_SFT.")
     policy_sft_learning_rate: float = Field(default=2e-4, description="pi_SFT learning rate.")
     candidate_prompt_style: str = Field(
         default="few_shot",
@@ -65,7 +65,7 @@ class LineageSettings(dg.ConfigurableResource):
         default=6, description="Pairs kept per (context, persona): the largest margins."
     )
     # ---- Stage 1: reward model -----------------------------------------------------------------
-    reward_steps: int = Field(default=40, description="RewardTrainer optimisation steps.")
+    reward_steps: int = Field(default=16, description="RewardTrainer optimisation steps.")
     reward_batch_size: int = Field(default=8, description="RewardTrainer batch size.")
     reward_learning_rate: float = Field(default=2e-4, description="Reward-model learning rate.")
     reward_scheduler: str = Field(
@@ -81,17 +81,17 @@ class LineageSettings(dg.ConfigurableResource):
     )
     # ---- Stage 1: persona warm start and GRPO --------------------------------------------------
     warm_start_steps: int = Field(
-        default=12,
+        default=0,
         description="Persona warm start: SFT steps on this persona's best-judged candidates "
         "before GRPO (0 = off). Reported separately by the probe.",
     )
     warm_start_learning_rate: float = Field(default=2e-4, description="Warm-start learning rate.")
-    grpo_steps: int = Field(default=8, description="GRPO steps per persona adapter.")
+    grpo_steps: int = Field(default=4, description="GRPO steps per persona adapter.")
     grpo_generations: int = Field(
         default=4, description="GRPO group size (>= 4 keeps advantages graded, not +-0.71)."
     )
     grpo_completion_tokens: int = Field(default=24, description="GRPO max completion length.")
-    grpo_learning_rate: float = Field(default=1e-4, description="GRPO learning rate (LoRA).")
+    grpo_learning_rate: float = Field(default=3e-4, description="GRPO learning rate (LoRA).")
     grpo_scheduler: str = Field(default="constant", description="GRPO LR schedule.")
     grpo_beta: float = Field(
         default=0.0,
@@ -109,7 +109,7 @@ class LineageSettings(dg.ConfigurableResource):
     )
     # ---- Stage 1: persona probe ----------------------------------------------------------------
     probe_contexts: int = Field(default=16, description="Held-out contexts of the persona probe.")
-    probe_seeds: int = Field(default=2, description="Sampling seeds per (context, persona).")
+    probe_seeds: int = Field(default=1, description="Sampling seeds per (context, persona).")
     probe_warm_start: bool = Field(
         default=False,
         description="Also probe the warm-start adapter (before GRPO), so the warm start's share "
