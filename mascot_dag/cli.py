@@ -156,5 +156,32 @@ def report() -> None:
             typer.echo(line)
 
 
+@app.command()
+def probe(arm: str = typer.Option("adapter", help="adapter | warm_start")) -> None:
+    """The persona probe pooled over personas: paired gains (arm - base) with context-clustered
+    95% CIs, from the DuckDB table persona_probe (written by persona_adapters)."""
+    import pandas as pd
+
+    from mascot_dag.lib import db
+    from mascot_dag.lib import probe as P
+    from mascot_dag.lib.home import Home
+
+    path = Home.from_env().duckdb
+    if not path.exists():
+        typer.echo(f"no database at {path}: run `make demo`", err=True)
+        raise typer.Exit(2)
+    table = db.query(path, "SELECT * FROM persona_probe WHERE arm IN ('base', ?)", [arm])
+    if table.empty or arm not in set(table.arm):
+        typer.echo(f"no persona_probe rows for arm {arm!r}: materialise persona_adapters", err=True)
+        raise typer.Exit(2)
+    table["arm"] = table["arm"].replace({arm: "adapter"})
+    summary = P.summarise(table)
+    for col in ("consistency_base", "consistency_adapter", "consistency_gain",
+                "relevance_base", "relevance_adapter", "relevance_gain"):
+        summary[col + "_100"] = summary[col] * 25.0 - (25.0 if not col.endswith("gain") else 0)
+    with pd.option_context("display.width", 200, "display.max_columns", 50):
+        typer.echo(summary.round(3).T.to_string())
+
+
 if __name__ == "__main__":
     app()

@@ -26,7 +26,10 @@ class Stage:
 STAGES: tuple[Stage, ...] = (
     Stage("contexts and personas", ("contexts", "persona_cards", "persona_prompts")),
     Stage("supervised policy (pi_SFT)", ("policy_sft",)),
-    Stage("persona feedback", ("candidate_responses", "persona_judgments", "persona_preference_pairs")),
+    # Every persona's candidates before any judging: a persona's judgments score the candidates
+    # of all personas' prompts (cross-persona pairs).
+    Stage("persona candidates", ("candidate_responses",)),
+    Stage("persona feedback", ("persona_judgments", "persona_preference_pairs")),
     Stage("persona reward model", ("persona_reward_model",)),
     Stage("persona adapters", ("persona_adapters",)),
     Stage("group dialogue", ("group_rollouts", "group_judgments", "director_adapter")),
@@ -82,6 +85,8 @@ def run_lineage(
             results.append(result)
             if on_stage:
                 on_stage(stage.title, key, time.monotonic() - t0)
-            if not result.success:
-                return results  # later stages need this one's tables
+        # A failed partition does not stop its siblings (every persona gets its adapter and
+        # probe); later stages need this one's tables, so they wait for all of it.
+        if not all(r.success for r in results):
+            return results
     return results
