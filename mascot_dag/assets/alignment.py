@@ -50,16 +50,16 @@ def lora_settings(settings: LineageSettings):
     return LoraSettings(r=settings.lora_r, alpha=2 * settings.lora_r, target_modules=targets)
 
 
-def grpo_settings(settings: LineageSettings, max_completion_length: int, max_steps: int | None = None):
+def grpo_settings(settings: LineageSettings, max_completion_length: int):
     """GRPO settings shared by the persona adapters and the director (LoRA, CPU or bf16)."""
     from mascot_dag.lib.training.config import GRPOSettings
 
     return GRPOSettings(
-        max_steps=max_steps or settings.grpo_steps, batch_size=settings.grpo_generations,
+        max_steps=settings.grpo_steps, batch_size=settings.grpo_generations,
         num_generations=settings.grpo_generations, max_completion_length=max_completion_length,
         learning_rate=settings.grpo_learning_rate, lr_scheduler=settings.grpo_scheduler,
         beta=settings.grpo_beta, temperature=settings.temperature, top_p=settings.top_p,
-        save_steps=max(1, (max_steps or settings.grpo_steps) // 2), seed=settings.seed,
+        save_steps=max(1, settings.grpo_steps // 2), seed=settings.seed,
         use_cpu=settings.use_cpu, bf16=not settings.use_cpu,
     )
 
@@ -70,11 +70,6 @@ def sft_settings(settings: LineageSettings, steps: int, learning_rate: float):
     return SFTSettings(max_steps=steps, batch_size=4, learning_rate=learning_rate,
                        lr_scheduler="cosine", save_steps=max(1, steps // 2), seed=settings.seed,
                        use_cpu=settings.use_cpu, bf16=not settings.use_cpu)
-
-
-def _system_prompts(store: DuckDBStore, style: str) -> dict[str, str]:
-    df = store.query("SELECT persona_id, system_prompt FROM persona_prompts WHERE style = ?", [style])
-    return dict(zip(df.persona_id, df.system_prompt, strict=True))
 
 
 def preference_examples(store: DuckDBStore, persona_set: str) -> list[dict]:
@@ -93,6 +88,10 @@ def preference_examples(store: DuckDBStore, persona_set: str) -> list[dict]:
          "chosen": r.chosen, "rejected": r.rejected}
         for r in df.itertuples()
     ]
+
+
+def nan_if_none(value: float | None) -> float:
+    return float("nan") if value is None else float(value)
 
 
 def all_contexts(store: DuckDBStore) -> dict:
@@ -229,7 +228,7 @@ def persona_reward_model(
             "heldout_contexts": int(ci["n_clusters"]),
             "heldout_accuracy": acc if acc is not None else float("nan"),
             "heldout_accuracy_ci95": f"[{ci['lo']:.3f}, {ci['hi']:.3f}]",
-            "train_accuracy": result.train_accuracy if result.train_accuracy is not None else float("nan"),
+            "train_accuracy": nan_if_none(result.train_accuracy),
             "trainable_percent": result.trainable_percent,
             "steps": result.steps,
             "seconds_per_step": result.seconds_per_step or float("nan"),
@@ -373,8 +372,8 @@ def persona_adapters(
             "trainable_percent": result.trainable_percent,
             "steps": result.steps,
             "lora_delta_relative": moved,
-            "mean_reward_start": result.reward_start if result.reward_start is not None else float("nan"),
-            "mean_reward_end": result.reward_end if result.reward_end is not None else float("nan"),
+            "mean_reward_start": nan_if_none(result.reward_start),
+            "mean_reward_end": nan_if_none(result.reward_end),
             "seconds_per_step": result.seconds_per_step or float("nan"),
             "resumed_from": result.resumed_from or "",
             **{k: float(v) for k, v in timings.items()},

@@ -35,7 +35,9 @@ ARMS = ("base", "adapter")
 MEASURES = ("identifiable", "consistency", "relevance", "copied")
 
 
-def load_reference_utterances(persona_set: str, directory: Path = PROBE_DIR) -> dict[str, list[str]]:
+def load_reference_utterances(
+    persona_set: str, directory: Path = PROBE_DIR
+) -> dict[str, list[str]]:
     """persona_id -> reference utterances of `persona_set`; errors name the file and the key."""
     path = Path(directory) / f"{persona_set}.yaml"
     if not path.exists():

@@ -67,8 +67,9 @@ class FormatReward:
 
     - length: inside [min_chars, max_chars]; below, 0.2 * chars / min_chars; above,
       0.2 * max_chars / chars (partial credit, so longer-but-close beats far off);
-    - complete: the share of the reply that lies in finished sentences (up to its last . ! ?): graded, because GRPO completions are cut at a token budget and a
-      reply that finishes a thought early beats one that trails off;
+    - complete: the share of the reply that lies in finished sentences (up to its last . ! ?):
+      graded, because GRPO completions are cut at a token budget and a reply that finishes a
+      thought early beats one that trails off;
     - in role: no "As an AI", "language model", ...;
     - own voice: no line starting with another agent's name (or User/Assistant/System) + ":";
     - no meta-talk: does not talk about the turn ("Your next turn...", "Here's a response").
