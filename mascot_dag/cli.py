@@ -176,9 +176,13 @@ def probe(arm: str = typer.Option("adapter", help="adapter | warm_start")) -> No
         raise typer.Exit(2)
     table["arm"] = table["arm"].replace({arm: "adapter"})
     summary = P.summarise(table)
-    for col in ("consistency_base", "consistency_adapter", "consistency_gain",
-                "relevance_base", "relevance_adapter", "relevance_gain"):
-        summary[col + "_100"] = summary[col] * 25.0 - (25.0 if not col.endswith("gain") else 0)
+    from mascot_dag.lib.types import to_100
+
+    for m in ("consistency", "relevance"):
+        for arm in ("base", "adapter"):
+            summary[f"{m}_{arm}_100"] = summary[f"{m}_{arm}"].map(to_100)
+        # a difference of 1-5 scores is a difference of 25 points on 0-100
+        summary[f"{m}_gain_100"] = summary[f"{m}_gain"] * (to_100(2.0) - to_100(1.0))
     with pd.option_context("display.width", 200, "display.max_columns", 50):
         typer.echo(summary.round(3).T.to_string())
 

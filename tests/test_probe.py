@@ -22,10 +22,10 @@ def test_reference_classifier_recognises_held_out_reference_utterances(persona_s
 
 def test_reference_utterances_do_not_copy_the_cards():
     """The probe must not reward copying a card: its data shares no 4-gram with the cards."""
-    from mascot_dag.lib.judges.features import copied_grams, phrase_grams
+    from mascot_dag.lib.judges.features import card_grams, copied_grams
 
     for card in personas_of_set(load_personas(), "support"):
-        grams = phrase_grams([card.description, *card.behaviours, *card.examples])
+        grams = card_grams(card)
         texts = probe.load_reference_utterances("support")[card.persona_id]
         assert sum(copied_grams(t, grams) > 0 for t in texts) == 0, card.persona_id
 

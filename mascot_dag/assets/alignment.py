@@ -22,17 +22,18 @@ from mascot_dag.assets.common import (
     persona_partitions,
     registered_name,
 )
-from mascot_dag.assets.feedback import load_roster, train_contexts
+from mascot_dag.assets.feedback import load_roster, persona_set_contexts, train_contexts
 from mascot_dag.assets.registry import POLICY_SFT_MODEL, fetch, latest_version
 from mascot_dag.assets.registry import REWARD_MODEL as REWARD_MODEL_NAME
 from mascot_dag.lib import probe
 from mascot_dag.lib.dialogue import opening_agent_messages
 from mascot_dag.lib.home import Home
 from mascot_dag.lib.judges.base import ResponseItem
-from mascot_dag.lib.judges.features import copied_grams, phrase_grams
+from mascot_dag.lib.judges.features import card_grams, copied_grams
 from mascot_dag.lib.methods import sft_examples
 from mascot_dag.lib.preferences import best_per_context, mean_scores, persona_tag, reward_messages
 from mascot_dag.lib.tables import context_from_row
+from mascot_dag.lib.training.common import lora_relative_change
 from mascot_dag.lib.types import ChatRequest, SamplingParams
 from mascot_dag.resources.judge import EmbeddedJudgeResource
 from mascot_dag.resources.llm import ChatModelResource
@@ -148,7 +149,7 @@ def policy_sft(
         log_curves(tracking, {"loss": result.loss_curve})
         tracking.log_adapter(result.adapter_dir)
         version = tracking.register_version(POLICY_SFT_MODEL, run)
-    moved = adapter_movement(result.adapter_dir, base)
+    moved = lora_relative_change(result.adapter_dir, base)
     return dg.MaterializeResult(metadata={
         "mlflow_run_id": run.info.run_id, "model_version": f"{POLICY_SFT_MODEL}/{version}",
         "examples": len(examples), "steps": result.steps,
@@ -156,13 +157,6 @@ def policy_sft(
         "seconds_per_step": result.seconds_per_step or float("nan"),
         "lora_delta_relative": moved, "trainable_percent": result.trainable_percent,
     })
-
-
-def adapter_movement(adapter_dir, base_model: str) -> float:
-    """How far an adapter moved the weights (lib.training.common.lora_relative_change)."""
-    from mascot_dag.lib.training.common import lora_relative_change
-
-    return lora_relative_change(adapter_dir, base_model)
 
 
 @dg.asset(
@@ -349,7 +343,7 @@ def persona_adapters(
         timings["grpo_s"] = time.monotonic() - t0
         log_curves(tracking, {"reward": result.reward_curve, "kl": result.kl_curve,
                                "loss": result.loss_curve, **result.reward_func_curves})
-        moved = adapter_movement(result.adapter_dir, base)
+        moved = lora_relative_change(result.adapter_dir, base)
         tracking.log_adapter(result.adapter_dir)
         version = tracking.register_version(name, run, tags={"persona": persona,
                                                              "reward_model_version": rm_version})
@@ -398,20 +392,6 @@ def persona_adapters(
     )
 
 
-def probe_contexts(store: DuckDBStore, settings: LineageSettings) -> list:
-    """Held-out (eval split) contexts of the trained persona set's source, in md5 order."""
-    from mascot_dag.assets.feedback import SOURCE_OF_SET
-
-    limit = f"LIMIT {int(settings.probe_contexts)}" if settings.probe_contexts else ""
-    rows = store.query(
-        "SELECT * FROM contexts WHERE split = 'eval' AND source = ? "
-        f"ORDER BY md5(context_id) {limit}", [SOURCE_OF_SET[settings.train_persona_set]],
-    ).to_dict("records")
-    if not rows:
-        raise ValueError("no held-out contexts for the persona probe: the eval split is empty")
-    return [context_from_row(r) for r in rows]
-
-
 @functools.lru_cache(maxsize=4)
 def _classifier(persona_set: str, seed: int):
     return probe.ReferenceClassifier.for_set(persona_set, seed=seed)
@@ -420,7 +400,7 @@ def _classifier(persona_set: str, seed: int):
 def run_probe(store, chat, judge, settings, card, roster, arms: dict, model_version: str):
     """The paired probe (lib/probe.py) of one persona: base vs each arm's adapter on the same
     held-out requests and seeds. Writes persona_probe rows; returns the summary table."""
-    ctxs = probe_contexts(store, settings)
+    ctxs = persona_set_contexts(store, settings, "eval", settings.probe_contexts)
     backend = chat.backend()
     for adapter_dir, adapter_name in arms.values():
         backend.add_adapter(adapter_name, str(adapter_dir))
@@ -450,7 +430,7 @@ def run_probe(store, chat, judge, settings, card, roster, arms: dict, model_vers
     crit = [{s.criterion: s.score for s in ss} for ss in scores]
     table["consistency"] = [c.get("consistency") for c in crit]
     table["relevance"] = [c.get("response_relevance") for c in crit]
-    grams = phrase_grams([card.description, *card.behaviours, *card.examples])
+    grams = card_grams(card)
     table["copied"] = [float(copied_grams(t, grams) > 0) for t in table.text]
     table["predicted"] = _classifier(settings.train_persona_set, settings.seed).predict(
         list(table.text))

@@ -18,7 +18,7 @@ from mascot_dag.assets.collaboration import (
     write_dialogues,
 )
 from mascot_dag.assets.common import table_metadata
-from mascot_dag.assets.registry import DIRECTOR_MODEL, attach, attach_personas
+from mascot_dag.assets.registry import DIRECTOR_MODEL, attach, attach_personas, attach_policy_sft
 from mascot_dag.lib import champion as gate
 from mascot_dag.lib.home import Home
 from mascot_dag.lib.methods import ASSISTANT, METHODS, run_method
@@ -41,16 +41,6 @@ def eval_specs(store: DuckDBStore, settings: LineageSettings):
                        load_user_profiles(), settings.agent_turns, "eval", settings.seed)
 
 
-def sft_adapter(chat, tracking) -> str:
-    """The `sft` baseline serves pi_SFT (`policy_sft`, SFT on the training listener turns)."""
-    from mascot_dag.assets.registry import POLICY_SFT_MODEL
-
-    name, _ = attach(chat, tracking, POLICY_SFT_MODEL)
-    if name is None:
-        raise ValueError(f"the sft baseline needs {POLICY_SFT_MODEL}: materialise policy_sft")
-    return name
-
-
 @dg.asset(group_name="evaluation", partitions_def=method_partitions,
           deps=["director_adapter", "persona_adapters", "policy_sft", "contexts"], kinds={"duckdb", "pytorch"})
 def eval_dialogues(
@@ -70,7 +60,7 @@ def eval_dialogues(
     alias = "champion" if method == gate.CHAMPION else None
     adapters, versions = attach_personas(chat, tracking, persona_ids, alias)
     director, director_version = attach(chat, tracking, DIRECTOR_MODEL, alias)
-    sft = sft_adapter(chat, tracking) if method == "sft" else None
+    sft = attach_policy_sft(chat, tracking, "the sft baseline") if method == "sft" else None
     if method == gate.CHAMPION:
         # the director's alias marks a champion (apply_gate moves it with the personas')
         records = gate.relabel_method(

@@ -25,17 +25,23 @@ from mascot_dag.resources.tracking import MLflowResource
 
 SOURCE_OF_SET = {"support": "empatheticdialogues", "workplace": "qmsum"}
 
-def train_contexts(store: DuckDBStore, settings: LineageSettings):
+def persona_set_contexts(store: DuckDBStore, settings: LineageSettings, split: str, limit: int):
+    """Contexts of the trained persona set's source in `split` (limit 0 = all)."""
     source = SOURCE_OF_SET[settings.train_persona_set]
-    limit = f"LIMIT {int(settings.max_train_contexts)}" if settings.max_train_contexts else ""
+    limit_sql = f"LIMIT {int(limit)}" if limit else ""
     # md5 order: a deterministic sample that mixes valences instead of the first N ids.
     rows = store.query(
-        f"SELECT * FROM contexts WHERE split = 'train' AND source = ? ORDER BY md5(context_id) {limit}",
-        [source],
+        "SELECT * FROM contexts WHERE split = ? AND source = ? "
+        f"ORDER BY md5(context_id) {limit_sql}",
+        [split, source],
     ).to_dict("records")
     if not rows:
-        raise ValueError(f"no train contexts from {source}: materialise `contexts` first")
+        raise ValueError(f"no {split} contexts from {source}: materialise `contexts` first")
     return [context_from_row(r) for r in rows]
+
+
+def train_contexts(store: DuckDBStore, settings: LineageSettings):
+    return persona_set_contexts(store, settings, "train", settings.max_train_contexts)
 
 def load_roster(store: DuckDBStore, persona_set: str):
     rows = store.query("SELECT * FROM personas WHERE persona_set = ? ORDER BY persona_id", [persona_set])
@@ -47,13 +53,9 @@ def policy_adapter(chat: ChatModelResource, tracking, settings: LineageSettings)
     """The chat adapter name of pi_SFT (loaded into the backend), or None for policy_init=base."""
     if settings.policy_init == "base":
         return None
-    from mascot_dag.assets.registry import POLICY_SFT_MODEL, attach
+    from mascot_dag.assets.registry import attach_policy_sft
 
-    name, _ = attach(chat, tracking, POLICY_SFT_MODEL)
-    if name is None:
-        raise ValueError(f"policy_init='sft' but no {POLICY_SFT_MODEL} in MLflow: "
-                         "materialise policy_sft first (or set policy_init='base')")
-    return name
+    return attach_policy_sft(chat, tracking, "policy_init='sft' (or set policy_init='base')")
 
 
 @dg.asset(

@@ -52,6 +52,14 @@ def attach(
     return name, version
 
 
+def attach_policy_sft(chat: ChatModelResource, tracking: MLflowResource, needed_by: str) -> str:
+    """Load the latest pi_SFT (`policy_sft`) into the backend; its adapter name."""
+    name, _ = attach(chat, tracking, POLICY_SFT_MODEL)
+    if name is None:
+        raise ValueError(f"{needed_by} needs {POLICY_SFT_MODEL} in MLflow: materialise policy_sft")
+    return name
+
+
 def attach_personas(
     chat: ChatModelResource, tracking: MLflowResource, persona_ids: list[str], alias: str | None = None
 ) -> tuple[dict[str, str | None], dict[str, str]]:

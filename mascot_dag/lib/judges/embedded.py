@@ -126,7 +126,7 @@ class EmbeddedJudge:
             self._personas[key] = _Persona(
                 centroid=_unit(np.mean([self._v(t) for t in _card_texts(card)], axis=0)),
                 examples=np.stack([self._v(t) for t in card.examples]),
-                grams=F.phrase_grams([card.description, *card.behaviours, *card.examples]),
+                grams=F.card_grams(card),
             )
         return self._personas[key]
 

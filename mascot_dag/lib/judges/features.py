@@ -66,6 +66,12 @@ def phrase_grams(texts: list[str], n: int = 4) -> set[tuple[str, ...]]:
     return out
 
 
+def card_grams(card, n: int = 4) -> set[tuple[str, ...]]:
+    """Content-bearing n-grams of a persona card's own text (description, behaviours,
+    examples): what a reply must not copy (judge copy penalty, probe copied rate)."""
+    return phrase_grams([card.description, *card.behaviours, *card.examples], n)
+
+
 def copied_grams(response: str, card_grams: set[tuple[str, ...]], n: int = 4) -> int:
     """How many distinct content-bearing n-grams of the response appear verbatim in the card."""
     return len({g for g in ngrams(tokens(response), n) if g in card_grams})
