@@ -41,3 +41,38 @@ def shared_data() -> Path:
     if not SHARED_DATA.exists():
         pytest.skip(f"{SHARED_DATA} is absent (the real dataset samples live beside the repo)")
     return SHARED_DATA
+
+
+def free_port() -> int:
+    """A free TCP port on the loopback interface (servers in tests bind 127.0.0.1 only)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+CHROMEDRIVER = Path("/usr/bin/chromedriver")
+CHROMIUM_BIN = Path("/usr/bin/chromium")
+
+
+@pytest.fixture
+def browser():
+    """Headless Debian chromium driven by selenium through /usr/bin/chromedriver (.ci/run
+    installs both). The page tests type, click and screenshot through it."""
+    if not (CHROMEDRIVER.exists() and CHROMIUM_BIN.exists()):
+        pytest.skip("chromium and chromium-driver are not installed (.ci/run installs them)")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = str(CHROMIUM_BIN)
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                "--window-size=1280,1600"):
+        opts.add_argument(arg)
+    driver = webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=opts)
+    driver.set_page_load_timeout(60)
+    try:
+        yield driver
+    finally:
+        driver.quit()
