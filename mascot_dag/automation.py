@@ -1,10 +1,17 @@
-"""Jobs, the weekly re-training schedule and the inbox sensor.
+"""Jobs, the weekly re-training trigger and the inbox sensor.
 
 Stage jobs are asset jobs (one partitions definition each: personas for Stage 1, methods for
-evaluation). The whole lineage mixes two partitionings, which one asset job cannot hold, so
-`retrain_job` is one op that walks the stages in order (mascot_dag.pipeline), each stage and
-partition recorded as its own run in the same instance - the same path as `make demo`.
+evaluation). The whole lineage mixes two partitionings, which one run cannot hold, so whole-
+lineage runs are *asset backfills* over every partition of every asset: the UI's "Materialize
+all" (GraphQL `launchPartitionBackfill` with `allPartitions`), `weekly_retrain` and
+`inbox_sensor` (both return `pipeline.lineage_backfill`, which the sensor daemon turns into a
+backfill). The daemon then launches one asset run per partition group as soon as its upstreams
+are materialised; a failed partition stops only what depends on it. `make demo` walks the same
+graph in-process (mascot_dag.pipeline). There is no job that nests runs and no second list of
+stages: the asset graph is the order.
 """
+
+from datetime import UTC, datetime
 
 import dagster as dg
 
@@ -30,34 +37,43 @@ eval_job = dg.define_asset_job(
 )
 
 
-@dg.op(description="Materialise the whole lineage stage by stage (every partition).")
-def retrain_lineage(context: dg.OpExecutionContext) -> None:
-    from mascot_dag.pipeline import run_lineage
-    from mascot_dag.profiles import resources_for
-
-    def log(stage: str, key: str | None, seconds: float) -> None:
-        context.log.info(f"{stage} [{key or '-'}] done in {seconds:.0f} s")
-
-    results = run_lineage(resources_for(), instance=context.instance, on_stage=log)
-    if not all(r.success for r in results):
-        raise dg.Failure(f"a stage failed (run {results[-1].run_id}); see that run's logs")
+WEEKLY_CRON = "0 3 * * 1"  # Mondays 03:00 UTC
 
 
-@dg.job(description="The whole lineage: contexts to champion gate.")
-def retrain_job():
-    retrain_lineage()
-
-
-weekly_retrain = dg.ScheduleDefinition(
-    name="weekly_retrain", job=retrain_job, cron_schedule="0 3 * * 1",
-    default_status=dg.DefaultScheduleStatus.STOPPED,
-    description="Re-train every Monday 03:00 (stopped by default: start it in the UI).",
-)
-
-
-@dg.sensor(job=retrain_job, minimum_interval_seconds=60,
+# A sensor that returns a backfill request must name the assets it may backfill.
+@dg.sensor(name="weekly_retrain", minimum_interval_seconds=600,
+           asset_selection=dg.AssetSelection.all(),
            default_status=dg.DefaultSensorStatus.STOPPED,
-           description="New context files in MASCOT_HOME/inbox/ -> contexts and everything downstream.")
+           description="Re-train every Monday 03:00 UTC: an asset backfill of the whole lineage "
+                       "(stopped by default: start it in the UI).")
+def weekly_retrain(context: dg.SensorEvaluationContext) -> dg.SensorResult:
+    """A schedule cannot start a backfill (Dagster 1.13's scheduler launches runs of one job
+    only), so this sensor keeps the cron: it fires once per tick passed since its cursor."""
+    from dagster._utils.schedules import get_latest_completed_cron_tick
+
+    from mascot_dag.pipeline import lineage_backfill
+
+    tick = get_latest_completed_cron_tick(WEEKLY_CRON, datetime.now(UTC), "UTC").isoformat()
+    if context.cursor is None or context.cursor >= tick:
+        # first evaluation after being started: wait for the next tick, as a schedule would
+        return dg.SensorResult(cursor=context.cursor or tick,
+                               skip_reason=dg.SkipReason(f"next run after {WEEKLY_CRON} (UTC)"))
+    return dg.SensorResult(cursor=tick, run_requests=[
+        lineage_backfill(_asset_graph(context), tags={"mascot/trigger": f"weekly {tick}"})])
+
+
+def _asset_graph(context: dg.SensorEvaluationContext):
+    if context.repository_def is not None:
+        return context.repository_def.asset_graph
+    from mascot_dag.definitions import defs  # a sensor built outside a code location (tests)
+
+    return defs.resolve_asset_graph()
+
+
+@dg.sensor(minimum_interval_seconds=60, asset_selection=dg.AssetSelection.all(),
+           default_status=dg.DefaultSensorStatus.STOPPED,
+           description="New context files in MASCOT_HOME/inbox/ -> an asset backfill of the "
+                       "whole lineage (contexts and everything downstream).")
 def inbox_sensor(context: dg.SensorEvaluationContext) -> dg.SensorResult:
     outcomes = process_inbox(Home.from_env(), min_age_s=2.0)
     accepted = [o for o in outcomes if o.accepted]
@@ -67,6 +83,8 @@ def inbox_sensor(context: dg.SensorEvaluationContext) -> dg.SensorResult:
     if not accepted:
         return dg.SensorResult(skip_reason=dg.SkipReason(
             f"no new valid files ({len(outcomes)} rejected)" if outcomes else "inbox empty"))
+    from mascot_dag.pipeline import lineage_backfill
+
     key = ",".join(sorted(o.moved_to.name for o in accepted))
-    return dg.SensorResult(run_requests=[dg.RunRequest(
-        run_key=key, tags={"mascot/inbox": key[:200]})])
+    return dg.SensorResult(run_requests=[
+        lineage_backfill(_asset_graph(context), tags={"mascot/inbox": key[:200]})])

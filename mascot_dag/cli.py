@@ -1,4 +1,4 @@
-"""The `mascot` command: demo, serve, query, report, chat, init."""
+"""The `mascot` command: demo, serve, query, report, chat, rate, init."""
 
 from __future__ import annotations
 
@@ -24,8 +24,14 @@ def init() -> None:
 @app.command()
 def demo(
     profile: str = typer.Option(None, help="embedded (default) | study | paper | tiny; or $MASCOT_PROFILE"),
+    missing_only: bool = typer.Option(
+        False, "--missing-only",
+        help="Only asset partitions that are missing, failed or older than an upstream."),
 ) -> None:
-    """Materialise the whole lineage on the embedded default and say where the results are."""
+    """Materialise the whole lineage (asset runs in the Dagster instance) and say where it is."""
+    from mascot_dag.lib.quiet import quiet_libraries
+
+    quiet_libraries()  # before transformers, datasets and mlflow are imported
     from mascot_dag.pipeline import prepare_home
 
     if profile:
@@ -33,38 +39,54 @@ def demo(
     home = prepare_home()
     import dagster as dg
 
-    from mascot_dag.pipeline import run_lineage
+    from mascot_dag.pipeline import StepResult, run_lineage
     from mascot_dag.profiles import resources_for
 
     t0 = time.monotonic()
+    typer.echo(f"Whole lineage, profile {os.environ.get('MASCOT_PROFILE', 'embedded')}: one asset "
+               "run per step, recorded in the Dagster instance (make dev shows them).", err=True)
 
-    def progress(stage: str, key: str | None, seconds: float) -> None:
-        part = f" [{key}]" if key else ""
-        typer.echo(f"  done: {stage}{part} in {seconds:.0f} s", err=True)
+    def progress(r: StepResult) -> None:
+        state = "ok" if r.success else f"FAILED ({', '.join(r.failed)}; run {r.run_id[:8]})"
+        typer.echo(f"  {time.monotonic() - t0:6.0f} s  {r.seconds:5.0f} s  {r.step.label}  {state}",
+                   err=True)
+        for e in r.errors:
+            typer.echo("    " + e.strip().splitlines()[-1][:300], err=True)
 
     with dg.DagsterInstance.get() as instance:
-        results = run_lineage(resources_for(), instance=instance, on_stage=progress)
+        results = run_lineage(resources_for(), instance=instance, on_step=progress,
+                              missing_only=missing_only)
     failed = [r for r in results if not r.success]
-    typer.echo(f"\nLineage finished in {time.monotonic() - t0:.0f} s ({len(results)} runs).")
+    typer.echo(f"\nLineage finished in {time.monotonic() - t0:.0f} s ({len(results)} runs"
+               f"{f', {len(failed)} failed' if failed else ''}).")
     typer.echo(f"  DuckDB:   {home.duckdb}   (mascot query NAME, or duckdb {home.duckdb})")
     typer.echo(f"  MLflow:   {home.mlflow_uri}   (make mlflow-ui)")
     typer.echo(f"  Reports:  {home.reports}")
     typer.echo(f"  Dagster:  {os.environ['DAGSTER_HOME']}   (make dev)")
     if failed:
+        typer.echo("Re-run with `mascot demo --missing-only` to redo only what is missing.")
         raise typer.Exit(1)
 
 
 @app.command()
 def serve(
     model: str = typer.Option("embedded:smollm2-135m-instruct", help="Base model: embedded, HF id or path."),
-    adapter: str = typer.Option(None, help="PEFT adapter folder or models:/<name>@<alias> URI."),
+    adapter: list[str] = typer.Option(
+        [], help="[NAME=]PEFT adapter folder or models:/<name>@<alias> URI (repeatable)."
+    ),
     host: str = typer.Option("127.0.0.1", help="Bind address (loopback by default)."),
-    port: int = typer.Option(8000, help="Port."),
+    port: int = typer.Option(8000, help="Port (0 picks a free one)."),
+    served_model_name: list[str] = typer.Option(
+        [], help="Name(s) the base model answers to in `model` (default: --model)."
+    ),
 ) -> None:
-    """Serve an OpenAI-compatible /v1/chat/completions endpoint over the transformers backend."""
+    """Serve an OpenAI-compatible /v1/chat/completions endpoint (FastAPI + uvicorn) over the
+    transformers backend; see mascot_dag/lib/llm/server.py."""
     args = ["--model", model, "--host", host, "--port", str(port)]
-    if adapter:
-        args += ["--adapter", adapter]
+    for spec in adapter:
+        args += ["--adapter", spec]
+    for name in served_model_name:
+        args += ["--served-model-name", name]
     from mascot_dag.lib.llm.server import main
 
     sys.exit(main(args))
@@ -105,9 +127,27 @@ def chat(
     turns: int = typer.Option(0, help="Stop after this many of your messages (0 = until EOF/quit)."),
     max_new_tokens: int = typer.Option(48, help="Tokens per agent reply."),
     agents_per_round: int = typer.Option(2, help="Agents answering each of your messages."),
+    web: bool = typer.Option(False, "--web", help="Serve a chat page on 127.0.0.1 instead."),
+    port: int = typer.Option(8010, help="--web: port of the chat page."),
+    roster: str = typer.Option("support", help="--web: roster of a new conversation: "
+                               "support | workplace (the page can switch)."),
+    director_max_new_tokens: int = typer.Option(48, help="--web: tokens per director directive."),
 ) -> None:
     """Talk to the companion group: the director picks who answers, with the champion adapters."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    if web:
+        from mascot_dag.web.chat import load_group, serve
+
+        if roster not in ("support", "workplace"):
+            typer.echo(f"--roster {roster!r}: expected support or workplace", err=True)
+            raise typer.Exit(2)
+        group = load_group("champion", max_new_tokens, agents_per_round, director_max_new_tokens)
+        champions = sorted(v for v in group.labels.values() if v != "base + persona prompt")
+        typer.echo(f"Champion versions: {', '.join(champions)}; {group.director_label}"
+                   if champions else "No champion in MLflow yet: base model with persona prompts.")
+        typer.echo(f"Chat page on http://127.0.0.1:{port}/ (Ctrl-C stops it)")
+        serve(port, group, roster)
+        return
     from mascot_dag.assets.registry import DIRECTOR_MODEL, attach, attach_personas
     from mascot_dag.lib.chat import ChatSession
     from mascot_dag.lib.dialogue import DialogueConfig
@@ -154,6 +194,33 @@ def report() -> None:
     for line in text.splitlines():
         if line.lower().startswith(("**overall", "- overall", "| mascot", "champion", "**champion")):
             typer.echo(line)
+
+
+@app.command()
+def rate(
+    port: int = typer.Option(8020, help="Port of the rating page (bound to 127.0.0.1)."),
+    export: Path = typer.Option(None, "--export", help="Write all ratings to FILE.csv or "
+                                "FILE.parquet and exit instead of serving."),
+) -> None:
+    """Blind human evaluation: rate three-way items (MASCOT + two methods, shuffled) in a browser;
+    ratings go to the DuckDB tables human_ratings and human_choices."""
+    from mascot_dag.lib.home import Home
+    from mascot_dag.web import rate as web
+
+    path = Home.from_env().duckdb
+    if export is not None:
+        if not path.exists():
+            typer.echo(f"no database at {path}: nothing to export", err=True)
+            raise typer.Exit(2)
+        try:
+            n = web.export(path, export)
+        except ValueError as e:
+            typer.echo(str(e), err=True)
+            raise typer.Exit(2) from e
+        typer.echo(f"{n} ratings -> {export}")
+        return
+    typer.echo(f"Rating page on http://127.0.0.1:{port}/ (database {path}; Ctrl-C stops it)")
+    web.serve(path, port)
 
 
 @app.command()

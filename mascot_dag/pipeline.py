@@ -1,92 +1,321 @@
-"""Runs the whole lineage in order, in-process, against the Dagster instance in DAGSTER_HOME.
+"""Whole-lineage runs, derived from the asset graph: `make demo` and the tests' in-process path.
 
-`dagster asset materialize --select '*'` cannot mix partitioned and unpartitioned assets in one
-run, so the demo walks the lineage stage by stage and runs each per-persona / per-method stage
-once per partition. Runs are recorded in the instance, so `make dev` shows them in the UI.
+The asset graph is the only list of what runs and in which order. The UI's "Materialize all", the
+weekly schedule and the inbox sensor submit an *asset backfill* over every partition (Dagster's
+daemon launches one run per partition group once its upstreams are materialised). `make demo`
+walks the same graph in the same order without a daemon (`LineageWalk`), one asset run of
+`__ASSET_JOB` per group, in this process, so the models loaded by the resources are loaded once
+(docs/DESIGN.md, "Whole-lineage runs"). Grouping follows the asset backfill's rule: an asset runs
+together with a parent when both are unpartitioned, or share a partitions definition with an
+identity mapping; everything else waits until every partition it maps to has succeeded. A failed
+asset partition skips what depends on it and nothing else.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 
 import dagster as dg
 
 from mascot_dag.lib.home import Home
 
+AP = tuple[dg.AssetKey, str | None]  # an asset partition; None for an unpartitioned asset
 
-@dataclass(frozen=True)
-class Stage:
-    title: str
-    assets: tuple[str, ...]
+# Every asset that writes mascot.duckdb carries pool="duckdb" (DuckDB allows one writer process
+# per file); the instance limits a pool to one step at a time (dagster.yaml below).
+DUCKDB_POOL = "duckdb"
 
-
-STAGES: tuple[Stage, ...] = (
-    Stage("contexts and personas", ("contexts", "persona_cards", "persona_prompts")),
-    Stage("supervised policy (pi_SFT)", ("policy_sft",)),
-    # Every persona's candidates before any judging: a persona's judgments score the candidates
-    # of all personas' prompts (cross-persona pairs).
-    Stage("persona candidates", ("candidate_responses",)),
-    Stage("persona feedback", ("persona_judgments", "persona_preference_pairs")),
-    Stage("persona reward model", ("persona_reward_model",)),
-    Stage("persona adapters", ("persona_adapters",)),
-    Stage("group dialogue", ("group_rollouts", "group_judgments", "director_adapter")),
-    Stage("evaluation dialogues", ("eval_dialogues",)),
-    Stage("evaluation report", ("eval_scores", "three_way_comparisons", "eval_report")),
-)
+DAGSTER_YAML = """\
+# Written by `mascot init` / `mascot demo` (mascot_dag/pipeline.py prepare_home).
+concurrency:
+  runs:
+    # Every run loads its own models: on a 2-core machine two runs at once only compete.
+    # Raise it (with MASCOT_EXECUTOR=multiprocess) on bigger machines.
+    max_concurrent_runs: 1
+  pools:
+    # pool "duckdb": assets that write mascot.duckdb, one step at a time across all runs.
+    default_limit: 1
+    granularity: op
+telemetry:
+  enabled: false
+"""
+_OLD_YAML = "concurrency:\n  runs:\n    max_concurrent_runs: 1\ntelemetry:\n  enabled: false\n"
 
 
 def prepare_home(home: Home | None = None) -> Home:
-    """Create MASCOT_HOME and DAGSTER_HOME (with a dagster.yaml allowing one run at a time)."""
+    """Create MASCOT_HOME and DAGSTER_HOME with a dagster.yaml (one run at a time, DuckDB pool)."""
     home = (home or Home.from_env()).ensure()
     os.environ.setdefault("DAGSTER_HOME", str(home.dagster_home))
-    dh = os.environ["DAGSTER_HOME"]
-    os.makedirs(dh, exist_ok=True)
-    cfg = os.path.join(dh, "dagster.yaml")
-    if not os.path.exists(cfg):
-        with open(cfg, "w", encoding="utf-8") as f:
-            # One run at a time: DuckDB allows a single writer process per file.
-            f.write("concurrency:\n  runs:\n    max_concurrent_runs: 1\n")
-            f.write("telemetry:\n  enabled: false\n")
+    write_dagster_yaml(os.environ["DAGSTER_HOME"])
     return home
+
+
+def write_dagster_yaml(dagster_home: str | os.PathLike) -> None:
+    """The instance settings; a file a user wrote is kept (only our earlier default is updated)."""
+    os.makedirs(dagster_home, exist_ok=True)
+    cfg = os.path.join(dagster_home, "dagster.yaml")
+    if os.path.exists(cfg):
+        with open(cfg, encoding="utf-8") as f:
+            if f.read() != _OLD_YAML:
+                return
+    with open(cfg, "w", encoding="utf-8") as f:
+        f.write(DAGSTER_YAML)
+
+
+# ---------------------------------------------------------------------------------------------
+# The order: which asset partitions may run next, from the graph alone.
+
+
+@dataclass(frozen=True)
+class Step:
+    """One run: these assets (and their checks) for one partition key (None: unpartitioned)."""
+
+    assets: tuple[dg.AssetKey, ...]
+    partition: str | None
+
+    @property
+    def label(self) -> str:
+        names = ", ".join(k.to_user_string() for k in self.assets)
+        return f"{names} [{self.partition}]" if self.partition else names
+
+
+def _keys(graph, key: dg.AssetKey) -> list[str | None]:
+    pdef = graph.get(key).partitions_def
+    return list(pdef.get_partition_keys()) if pdef else [None]
+
+
+def asset_partitions(graph, keys: Iterable[dg.AssetKey] | None = None) -> list[AP]:
+    keys = graph.toposorted_asset_keys if keys is None else keys
+    return [(k, p) for k in keys for p in _keys(graph, k)]
+
+
+def parent_partitions(graph, ap: AP) -> set[AP]:
+    """The parent asset partitions that `ap` reads, through the graph's partition mappings."""
+    key, partition = ap
+    node = graph.get(key)
+    out: set[AP] = set()
+    for parent in node.parent_keys:
+        pdef = graph.get(parent).partitions_def
+        if pdef is None:
+            out.add((parent, None))
+        elif partition is None:
+            out.update((parent, p) for p in pdef.get_partition_keys())
+        else:
+            mapping = graph.get_partition_mapping(key, parent)
+            subset = node.partitions_def.empty_subset().with_partition_keys([partition])
+            upstream = mapping.get_upstream_mapped_partitions_result_for_partitions(
+                subset, node.partitions_def, pdef).partitions_subset
+            out.update((parent, p) for p in upstream.get_partition_keys())
+    return out
+
+
+def _runs_with_parent(graph, child: dg.AssetKey, parent: dg.AssetKey) -> bool:
+    """May `child` run in its parent's run (the asset backfill's rule)?"""
+    c, p = graph.get(child).partitions_def, graph.get(parent).partitions_def
+    if c is None or p is None:
+        return c is None and p is None
+    return c == p and isinstance(graph.get_partition_mapping(child, parent),
+                                 dg.IdentityPartitionMapping)
+
+
+@dataclass
+class LineageWalk:
+    """Asset partitions to materialise, handed out as steps in dependency order.
+
+    `next_step()` returns the first group (in topological order) whose parents have all
+    succeeded; `record(step, succeeded)` marks the rest of the step failed and skips whatever
+    depends on a failure. Parents outside `todo` count as present (a missing-only re-run)."""
+
+    graph: object
+    todo: set[AP]
+    done: set[AP] = field(default_factory=set)
+    failed: set[AP] = field(default_factory=set)
+    skipped: set[AP] = field(default_factory=set)
+
+    def __post_init__(self) -> None:
+        self.todo = set(self.todo)
+        self._order = {k: i for i, k in enumerate(self.graph.toposorted_asset_keys)}
+        self._parents = {ap: parent_partitions(self.graph, ap) for ap in self.todo}
+
+    def _ok(self, parent: AP) -> bool:
+        return parent in self.done or (parent not in self.todo and parent not in self.failed
+                                       and parent not in self.skipped)
+
+    def next_step(self) -> Step | None:
+        self._skip_blocked()
+        ready = {ap for ap in self.todo if all(self._ok(p) for p in self._parents[ap])}
+        if not ready:
+            return None
+        grew = True
+        while grew:  # children that may run in the same run as a ready parent
+            grew = False
+            for ap in sorted(self.todo - ready, key=self._rank):
+                if all(self._ok(p) or (p in ready and p[1] == ap[1]
+                                       and _runs_with_parent(self.graph, ap[0], p[0]))
+                       for p in self._parents[ap]):
+                    ready.add(ap)
+                    grew = True
+        first = min(ready, key=self._rank)
+        pdef = self.graph.get(first[0]).partitions_def
+        group = sorted((ap for ap in ready if ap[1] == first[1]
+                        and self.graph.get(ap[0]).partitions_def == pdef), key=self._rank)
+        # a chained child joins only with its parent present in this group
+        keys = [k for k, _ in group]
+        return Step(tuple(keys), first[1])
+
+    def record(self, step: Step, succeeded: Iterable[dg.AssetKey]) -> None:
+        ok = set(succeeded)
+        for key in step.assets:
+            ap = (key, step.partition)
+            self.todo.discard(ap)
+            (self.done if key in ok else self.failed).add(ap)
+
+    def _skip_blocked(self) -> None:
+        bad = self.failed | self.skipped
+        changed = True
+        while changed:
+            changed = False
+            for ap in list(self.todo):
+                if self._parents[ap] & bad:
+                    self.todo.discard(ap)
+                    self.skipped.add(ap)
+                    bad.add(ap)
+                    changed = True
+
+    def _rank(self, ap: AP) -> tuple:
+        keys = _keys(self.graph, ap[0])
+        return (self._order[ap[0]], keys.index(ap[1]))
+
+
+def plan(graph) -> list[Step]:
+    """The steps of a whole-lineage run when every step succeeds (what `make demo` will do)."""
+    walk, steps = LineageWalk(graph, set(asset_partitions(graph))), []
+    while (step := walk.next_step()) is not None:
+        steps.append(step)
+        walk.record(step, step.assets)
+    return steps
+
+
+# ---------------------------------------------------------------------------------------------
+# What a re-run must redo: missing, failed or older than an upstream.
+
+
+def stale_or_missing(instance: dg.DagsterInstance, graph) -> set[AP]:
+    """Asset partitions whose latest materialisation is absent, came from a failed run (e.g. a
+    blocking check failed after it), or is older than a parent's; plus all their descendants."""
+    latest: dict[AP, tuple[int, str] | None] = {}
+    for key in graph.toposorted_asset_keys:
+        for p in _keys(graph, key):
+            recs = instance.fetch_materializations(
+                dg.AssetRecordsFilter(asset_key=key, asset_partitions=[p] if p else None),
+                limit=1).records
+            latest[(key, p)] = (recs[0].storage_id, recs[0].run_id) if recs else None
+    run_ok: dict[str, bool] = {}
+
+    def fresh(ap: AP) -> bool:
+        rec = latest[ap]
+        if rec is None:
+            return False
+        if rec[1] not in run_ok:
+            run = instance.get_run_by_id(rec[1])
+            run_ok[rec[1]] = run is not None and run.status == dg.DagsterRunStatus.SUCCESS
+        return run_ok[rec[1]] and all(
+            latest[p] is not None and latest[p][0] < rec[0] for p in parent_partitions(graph, ap))
+
+    redo = {ap for ap in latest if not fresh(ap)}
+    for key in graph.toposorted_asset_keys:  # parents come first: one pass closes downward
+        for p in _keys(graph, key):
+            if parent_partitions(graph, (key, p)) & redo:
+                redo.add((key, p))
+    return redo
+
+
+# ---------------------------------------------------------------------------------------------
+# Running the walk in this process.
+
+
+@dataclass(frozen=True)
+class StepResult:
+    step: Step
+    run_id: str
+    success: bool
+    seconds: float
+    failed: tuple[str, ...]  # assets of the step that did not succeed
+    errors: tuple[str, ...]  # step failure messages (for the console and tests)
+
+
+# The console shows warnings and errors only; every event (DEBUG included) stays in the instance.
+QUIET_RUN_CONFIG = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
+
+
+def lineage_definitions(resources: dict) -> dg.Definitions:
+    from mascot_dag.definitions import all_assets, all_checks
+
+    return dg.Definitions(assets=all_assets, asset_checks=all_checks, resources=resources,
+                          executor=dg.in_process_executor)
+
+
+def _succeeded(result, step: Step, checks_by_op: dict[str, dg.AssetKey]) -> set[dg.AssetKey]:
+    """Assets of the step that materialised and whose blocking checks did not fail."""
+    made = {e.asset_key for e in result.get_asset_materialization_events()}
+    bad = {ev.asset_key for ev in result.get_asset_check_evaluations()
+           if ev.blocking and not ev.passed}
+    for e in result.all_events:
+        if e.is_step_failure and e.step_key in checks_by_op:
+            bad.add(checks_by_op[e.step_key])
+    return {k for k in step.assets if k in made and k not in bad}
 
 
 def run_lineage(
     resources: dict,
     instance: dg.DagsterInstance | None = None,
-    stages: tuple[Stage, ...] = STAGES,
-    on_stage: Callable[[str, str | None, float], None] | None = None,
-) -> list[dg.ExecuteInJobResult]:
-    """Materialise every stage whose assets exist, partition by partition, with their checks."""
-    from mascot_dag.definitions import all_assets, all_checks
-
-    by_name = {k.to_user_string(): a for a in all_assets for k in a.keys}
-    results = []
-    for stage in stages:
-        names = [a for a in stage.assets if a in by_name]
-        if not names:
-            continue
-        selection = dg.AssetSelection.assets(*names)
-        first = by_name[names[0]]
-        partitions = first.partitions_def.get_partition_keys() if first.partitions_def else [None]
-        for key in partitions:
+    on_step: Callable[[StepResult], None] | None = None,
+    missing_only: bool = False,
+    tags: dict[str, str] | None = None,
+) -> list[StepResult]:
+    """Materialise every asset partition (or only the missing/stale ones), step by step, as runs
+    of the implicit asset job recorded in `instance` (DAGSTER_HOME's by default)."""
+    defs = lineage_definitions(resources)
+    graph = defs.resolve_asset_graph()
+    job = defs.resolve_implicit_global_asset_job_def()
+    checks_by_op = {c.node_def.name: ck.asset_key
+                    for c in defs.asset_checks or [] for ck in c.check_keys}
+    owned = instance is None
+    instance = instance or dg.DagsterInstance.get()
+    try:
+        todo = stale_or_missing(instance, graph) if missing_only else set(asset_partitions(graph))
+        walk = LineageWalk(graph, todo)
+        lineage_tag = {"mascot/lineage": str(int(time.time())), **(tags or {})}
+        results: list[StepResult] = []
+        while (step := walk.next_step()) is not None:
             t0 = time.monotonic()
-            result = dg.materialize(
-                [*all_assets, *all_checks],
-                selection=selection,
-                partition_key=key,
-                resources=resources,
-                instance=instance,
-                tags={"mascot/stage": stage.title},
-                raise_on_error=False,
-            )
-            results.append(result)
-            if on_stage:
-                on_stage(stage.title, key, time.monotonic() - t0)
-        # A failed partition does not stop its siblings (every persona gets its adapter and
-        # probe); later stages need this one's tables, so they wait for all of it.
-        if not all(r.success for r in results):
-            return results
-    return results
+            result = job.execute_in_process(
+                instance=instance, asset_selection=list(step.assets),
+                partition_key=step.partition, run_config=QUIET_RUN_CONFIG,
+                tags=lineage_tag, raise_on_error=False)
+            ok = _succeeded(result, step, checks_by_op)
+            walk.record(step, ok)
+            errors = tuple(e.step_failure_data.error.to_string()[-2000:]
+                           for e in result.all_events
+                           if e.is_step_failure and e.step_failure_data.error)
+            res = StepResult(step, result.run_id, result.success and len(ok) == len(step.assets),
+                             time.monotonic() - t0,
+                             tuple(k.to_user_string() for k in step.assets if k not in ok), errors)
+            results.append(res)
+            if on_step:
+                on_step(res)
+        return results
+    finally:
+        if owned:
+            instance.dispose()
+
+
+def lineage_backfill(graph, tags: dict[str, str] | None = None) -> dg.RunRequest:
+    """A run request that the sensor daemon turns into an asset backfill of every partition of
+    every asset: the same thing as the UI's "Materialize all"."""
+    from dagster._core.definitions.assets.graph.asset_graph_subset import AssetGraphSubset
+
+    return dg.RunRequest.for_asset_graph_subset(AssetGraphSubset.all(graph), tags=tags or {})

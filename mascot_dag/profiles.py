@@ -50,6 +50,11 @@ def settings_for(name: str):
             warm_start_steps=0, grpo_steps=20, probe_contexts=32, probe_seeds=2,
             reward_blocking=True, probe_blocking=True,
             rollout_dialogues=1, agent_turns=4, agents_per_round=2, eval_contexts=2,
+            director_reward_horizon=4, director_compare_contexts=4,
+            # OOD condition (docs/DESIGN.md): ED "neutral" (the smallest valence group, ~15% of
+            # ED) and QMSum "committee" (parliamentary committees, the register farthest from the
+            # academic and product meetings) are never trained on and evaluated apart.
+            ood_valences=["neutral"], ood_domains=["committee"],
         )
     if name == "paper":
         # Paper-scale sizes (GPU): K=8 candidates, hundreds of GRPO steps, long dialogues.
@@ -62,20 +67,14 @@ def settings_for(name: str):
             probe_blocking=True,
             rollout_dialogues=256, agent_turns=12, agents_per_round=2, block_size=4,
             director_steps=200, prompt_style="few_shot", eval_contexts=0,
+            director_reward_horizon=4, director_compare_contexts=16, director_compare_seeds=4,
         )
     return LineageSettings()
 
 
 def resources_for(name: str | None = None) -> dict:
     """The resource set of a profile (built lazily: nothing loads a model here)."""
-    import dagster as dg
-
-    from mascot_dag.resources.judge import EmbeddedJudgeResource, LLMJudgeResource
-    from mascot_dag.resources.llm import (
-        OpenAIChatResource,
-        TransformersChatResource,
-        VLLMChatResource,
-    )
+    from mascot_dag.resources.llm import TransformersChatResource, VLLMChatResource
     from mascot_dag.resources.store import DuckDBStore
     from mascot_dag.resources.tracking import MLflowResource
 
@@ -84,17 +83,61 @@ def resources_for(name: str | None = None) -> dict:
         "store": DuckDBStore(),
         "settings": settings_for(name),
         "tracking": MLflowResource(),
-        "judge": EmbeddedJudgeResource(),
+        "judges": judge_panel(name),
     }
     if name == "paper":
         resources["chat"] = VLLMChatResource(model=os.environ.get("MASCOT_MODEL", "Qwen/Qwen3-1.7B"))
-        resources["llm_judge"] = LLMJudgeResource(
-            chat=OpenAIChatResource(
-                base_url=dg.EnvVar("MASCOT_JUDGE_BASE_URL"),
-                model=os.environ.get("MASCOT_JUDGE_MODEL", "Qwen/Qwen3-8B"),
-                api_key=dg.EnvVar("MASCOT_JUDGE_API_KEY"),
-            )
-        )
     else:
         resources["chat"] = TransformersChatResource()
     return resources
+
+
+def judge_panel(name: str):
+    """The profile's judges. embedded/study/tiny: the embedded judge trains; the three-way
+    comparisons are picked by a signal independent of it (the metric picker, or the LLM judge
+    when one is configured). paper: embedded + LLM judge, training on their mean (the LLM judge
+    needs MASCOT_JUDGE_BASE_URL). Any profile: MASCOT_JUDGE_BASE_URL set adds the LLM judge at
+    that OpenAI-compatible endpoint (MASCOT_JUDGE_MODEL, MASCOT_JUDGE_API_KEY,
+    MASCOT_JUDGE_MAX_TOKENS); it evaluates beside the embedded judge without training."""
+    import dagster as dg
+
+    from mascot_dag.resources.judge import (
+        EmbeddedJudgeResource,
+        JudgePanelResource,
+        LLMJudgeResource,
+    )
+    from mascot_dag.resources.llm import OpenAIChatResource
+
+    llm = None
+    if name == "paper" or os.environ.get("MASCOT_JUDGE_BASE_URL"):
+        key = dg.EnvVar("MASCOT_JUDGE_API_KEY") if os.environ.get("MASCOT_JUDGE_API_KEY") else None
+        llm = LLMJudgeResource(
+            chat=OpenAIChatResource(
+                base_url=dg.EnvVar("MASCOT_JUDGE_BASE_URL"),
+                model=os.environ.get("MASCOT_JUDGE_MODEL", "Qwen/Qwen3-8B"),
+                api_key=key,
+            ),
+            max_new_tokens=int(os.environ.get("MASCOT_JUDGE_MAX_TOKENS", "320")),
+        )
+    if name == "paper":
+        return JudgePanelResource(embedded=EmbeddedJudgeResource(), llm=llm,
+                                  training_judge="mean", three_way_judge="llm")
+    return JudgePanelResource(embedded=EmbeddedJudgeResource(), llm=llm,
+                              training_judge="embedded",
+                              three_way_judge="llm" if llm is not None else "metric")
+
+
+def executor_for(name: str | None = None):
+    """The Definitions' executor: `in_process` (default; one process per run, models loaded once)
+    or `multiprocess` (one process per step, MASCOT_MAX_CONCURRENT of them, default 4) for
+    machines with cores and memory to spare. Pick it with MASCOT_EXECUTOR."""
+    import dagster as dg
+
+    name = name or os.environ.get("MASCOT_EXECUTOR", "in_process")
+    if name == "in_process":
+        return dg.in_process_executor
+    if name == "multiprocess":
+        limit = int(os.environ.get("MASCOT_MAX_CONCURRENT", "4"))
+        return dg.multiprocess_executor.configured({"max_concurrent": limit})
+    raise ValueError(f"unknown executor {name!r} (MASCOT_EXECUTOR); in_process or multiprocess")
+

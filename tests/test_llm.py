@@ -161,7 +161,9 @@ def test_cache_second_call_generates_nothing(chat, tmp_path):
 def server_url(base_model_path):
     """`python -m mascot_dag.lib.llm.server` as a subprocess on a free loopback port."""
     cmd = [sys.executable, "-m", "mascot_dag.lib.llm.server", "--model", base_model_path,
-           "--host", "127.0.0.1", "--port", "0", "--threads", "1"]  # fmt: skip
+           "--host", "127.0.0.1", "--port", "0", "--threads", "1",
+           # The clients below ask for "smollm2"; an unknown model name is a 404 (like OpenAI).
+           "--served-model-name", "smollm2"]  # fmt: skip
     proc = subprocess.Popen(
         cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
@@ -198,7 +200,8 @@ def test_http_backend_against_real_server(server_url, chat, base_model_path):
     # Greedy through HTTP is the same model as in-process.
     assert results[0].text == chat.generate([reqs[0]])[0].text
     models = http.get(f"{server_url}/v1/models", timeout=5).json()
-    assert [m["id"] for m in models["data"]] == [base_model_path]
+    assert [m["id"] for m in models["data"]] == ["smollm2"]
+    assert models["data"][0]["root"] == base_model_path
 
 
 def test_resources_build_lazily(server_url, base_model_path):

@@ -11,8 +11,6 @@ from mascot_dag.lib.methods import (
     ALL_METHODS,
     ASSISTANT,
     COT_INSTRUCTION,
-    ESC_ANALYST_SYSTEM,
-    ESC_STRATEGIES,
     METHODS,
     PROMPTING_BASELINES,
     SINGLE_AGENT,
@@ -24,6 +22,13 @@ from mascot_dag.lib.methods import (
     persona_baseline_system,
     run_method,
     sft_examples,
+)
+from mascot_dag.lib.esc import (
+    ESC_ANALYSIS_TOKENS,
+    ESC_ANALYST_SYSTEM,
+    ESC_PROPOSER_SYSTEM,
+    ESC_VOTE_TOKENS,
+    multiagent_esc,
 )
 from mascot_dag.lib.personas import load_personas, personas_of_set, system_prompt
 from mascot_dag.lib.rollout import build_specs
@@ -255,15 +260,63 @@ def test_mascot_variants(runs):
         method_plan("zero_shot_multi", SPECS, CONFIG)
 
 
-def test_multiagent_esc_makes_three_batched_calls_per_agent_step(runs):
-    calls = runs["multiagent_esc"][1].calls
-    # step 1: analysis, deliberation, final, user (support only); step 2: analysis, delib, final
-    assert [len(c) for c in calls] == [2, 2 * len(ESC_STRATEGIES), 2, 1, 2, 8, 2]
-    for i in (0, 4):
-        assert all(r.messages[0]["content"] == ESC_ANALYST_SYSTEM for r in calls[i])
-        assert all(r.messages[0]["content"] == ZERO_SHOT_SYSTEM for r in calls[i + 2])
-        assert all("Proposed strategies" in r.messages[1]["content"] for r in calls[i + 2])
-    assert len({r.sampling.seed for r in calls[1]}) == 8
+def _esc_stage(call) -> str:
+    systems = {r.messages[0]["content"] for r in call}
+    assert len(systems) == 1, "one stage per batched call"
+    system = systems.pop()
+    if system == ESC_ANALYST_SYSTEM:
+        return "A"
+    if system == ESC_PROPOSER_SYSTEM:
+        return "D" if "experts proposed" in call[0].messages[1]["content"] else "V"
+    assert system == ZERO_SHOT_SYSTEM
+    return "F"
+
+
+def test_multiagent_esc_batches_each_stage_across_dialogues(runs):
+    calls = _agent_calls(runs["multiagent_esc"][1])
+    stages = "".join(_esc_stage(c) for c in calls)
+    # per agent step: analysis, votes, a debate only without a majority, final (both dialogues'
+    # openings are complex messages, so step 1 runs the whole pipeline for both)
+    import re
+
+    assert re.fullmatch(r"AVD?F(AVD?F|F)", stages), stages
+    first = calls[0]
+    assert len(first) == 6 and all(r.sampling.max_new_tokens == ESC_ANALYSIS_TOKENS for r in first)
+    assert len({r.sampling.seed for r in first}) == 6
+    votes = calls[1]
+    assert len(votes) == 6 and all(r.sampling.max_new_tokens == ESC_VOTE_TOKENS for r in votes)
+    assert all("Reflection of feelings" in r.messages[1]["content"] for r in votes)
+    final = calls[stages.index("F")]
+    assert len(final) == 2
+    assert all("Strategy chosen by the experts" in r.messages[1]["content"] for r in final)
+    assert all(r.sampling.max_new_tokens == CONFIG.max_new_tokens_agent for r in final)
+
+
+def test_multiagent_esc_gate_answers_simple_messages_directly(base_model_path):
+    """One real call path per branch: a 'thanks' gets one direct reply, a problem the pipeline."""
+    from mascot_dag.lib.llm.transformers_backend import TransformersChat
+    from mascot_dag.lib.methods import ASK_SUFFIX, _transcript
+    from mascot_dag.lib.types import ChatRequest, SamplingParams
+
+    def req(last: str, seed: int) -> ChatRequest:
+        user = f"Context:\nA hard week.\n\nConversation so far:\nUser: {last}\n\n{ASK_SUFFIX}"
+        return ChatRequest(({"role": "system", "content": GENERIC_SYSTEM},
+                            {"role": "user", "content": user}),
+                           SamplingParams(max_new_tokens=6, seed=seed))
+
+    rec = Recorder(TransformersChat(base_model_path, models_dir=".", batch_size=8))
+    out = multiagent_esc(rec.generate, [req("Thanks, that helps!", 1),
+                                        req("My manager yelled at me in front of everyone.", 2)],
+                         _transcript, ZERO_SHOT_SYSTEM, ASK_SUFFIX)
+    stages = [_esc_stage(c) for c in rec.calls]
+    assert stages[:2] == ["A", "V"] and stages[-1] == "F"
+    assert len(rec.calls[0]) == 3  # only the complex message is analysed
+    final = rec.calls[-1]
+    assert "Strategy chosen" not in final[0].messages[1]["content"]
+    assert "Strategy chosen" in final[1].messages[1]["content"]
+    assert all(o.text.strip() for o in out)
+    # the complex reply carries the cost of every call made for it
+    assert out[1].completion_tokens > out[0].completion_tokens
 
 
 def test_self_consistency_batches_samples(runs):

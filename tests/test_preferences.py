@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pandas as pd
+import polars as pl
 import pytest
 
 from mascot_dag.lib.dialogue import agent_messages, opening_agent_messages
@@ -45,19 +46,27 @@ def test_reward_prompt_names_the_persona_and_is_much_shorter_than_the_policy_pro
 
 
 def test_pairs_keep_every_gap_of_at_least_delta_and_orient_chosen_above_rejected():
-    cands = pd.DataFrame(
+    cands = pl.DataFrame(
         {
             "candidate_id": ["a", "b", "c", "d"],
             "context_id": ["x", "x", "x", "y"],
             "persona_id": ["anchor"] * 4,
         }
     )
-    scores = pd.DataFrame({"target_id": ["a", "b", "c", "d"], "mean_score": [4.0, 2.0, 3.8, 1.0]})
+    scores = pl.DataFrame({"target_id": ["a", "b", "c", "d"], "mean_score": [4.0, 2.0, 3.8, 1.0]})
     pairs = make_pairs(cands, scores, delta=0.5)
     # a-b (2.0) and c-b (1.8) qualify; a-c (0.2) does not; d is alone in its context.
-    got = sorted(zip(pairs.chosen_id, pairs.rejected_id, pairs.margin.round(2), strict=True))
+    got = sorted(pairs.select("chosen_id", "rejected_id", pl.col("margin").round(2)).rows())
     assert got == [("a", "b", 2.0), ("c", "b", 1.8)]
-    assert (pairs.chosen_score > pairs.rejected_score).all()
+    assert (pairs["chosen_score"] > pairs["rejected_score"]).all()
+    # A pandas caller (the feedback assets, until they move to polars) gets the same rows back
+    # as pandas.
+    legacy = make_pairs(cands.to_pandas(), scores.to_pandas(), delta=0.5)
+    assert isinstance(legacy, pd.DataFrame)
+    assert sorted(zip(legacy.chosen_id, legacy.rejected_id, strict=True)) == [
+        ("a", "b"), ("c", "b")]
+    none = make_pairs(cands, scores, delta=5.0)
+    assert none.is_empty() and none.columns[-1] == "margin"
     with pytest.raises(ValueError, match="delta must be > 0"):
         make_pairs(cands, scores, delta=0)
 
@@ -75,7 +84,7 @@ def test_stage1_prompt_is_the_dialogue_agent_request():
 
 
 def judgments(rows):
-    return pd.DataFrame(
+    return pl.DataFrame(
         [{"target_id": t, "persona_id": p, "judge": "j", "criterion": c, "score": s,
           "status": "ok"} for t, p, c, s in rows]
     )
@@ -85,35 +94,45 @@ def test_persona_weight_ranks_on_persona_fidelity():
     # a: persona-faithful but less relevant; b: relevant but generic
     j = judgments([("a", "anchor", "consistency", 5.0), ("a", "anchor", "response_relevance", 2.0),
                    ("b", "anchor", "consistency", 1.0), ("b", "anchor", "response_relevance", 5.0)])
-    plain = mean_scores(j, persona_weight=0.5).set_index("target_id").mean_score
+    plain = dict(mean_scores(j, persona_weight=0.5).select("target_id", "mean_score").rows())
     assert plain["a"] == pytest.approx(3.5) and plain["b"] == pytest.approx(3.0)
-    heavy = mean_scores(j, persona_weight=0.8).set_index("target_id").mean_score
+    heavy = dict(mean_scores(j, persona_weight=0.8).select("target_id", "mean_score").rows())
     assert heavy["a"] - heavy["b"] > plain["a"] - plain["b"]
+    # failed judgments and NaN scores never count; n_scores counts the ok ones
+    noisy = pl.concat([j, pl.DataFrame([
+        {"target_id": "a", "persona_id": "anchor", "judge": "k", "criterion": "consistency",
+         "score": None, "status": "failed"},
+        {"target_id": "a", "persona_id": "anchor", "judge": "k", "criterion": "consistency",
+         "score": float("nan"), "status": "ok"}])])
+    again = mean_scores(noisy, persona_weight=0.5).filter(pl.col("target_id") == "a")
+    assert again["mean_score"].item() == pytest.approx(3.5) and again["n_scores"].item() == 2
+    legacy = mean_scores(j.to_pandas(), persona_weight=0.5).set_index("target_id").mean_score
+    assert legacy["a"] == pytest.approx(3.5)
     with pytest.raises(ValueError, match="persona_weight"):
         mean_scores(j, persona_weight=1.5)
 
 
 def test_cross_persona_pool_puts_another_personas_voice_on_the_rejected_side():
-    cands = pd.DataFrame({
+    cands = pl.DataFrame({
         "candidate_id": ["x|anchor|0", "x|anchor|1", "x|catalyst|0", "y|anchor|0"],
         "context_id": ["x", "x", "x", "y"],
         "persona_id": ["anchor", "anchor", "catalyst", "anchor"],
     })
     # every candidate judged AS anchor (and the catalyst one also as catalyst: must be ignored)
-    scores = pd.DataFrame({
+    scores = pl.DataFrame({
         "target_id": ["x|anchor|0", "x|anchor|1", "x|catalyst|0", "y|anchor|0", "x|catalyst|0"],
         "persona_id": ["anchor", "anchor", "anchor", "anchor", "catalyst"],
         "mean_score": [4.0, 3.9, 2.0, 3.0, 5.0],
     })
     pairs = make_pairs(cands, scores, delta=0.5, persona="anchor")
-    got = sorted(zip(pairs.chosen_id, pairs.rejected_id, strict=True))
+    got = sorted(pairs.select("chosen_id", "rejected_id").rows())
     assert got == [("x|anchor|0", "x|catalyst|0"), ("x|anchor|1", "x|catalyst|0")]
-    assert set(pairs.persona_id) == {"anchor"}
+    assert set(pairs["persona_id"]) == {"anchor"}
     capped = make_pairs(cands, scores, delta=0.5, persona="anchor", max_per_context=1)
-    assert list(capped.chosen_id) == ["x|anchor|0"]  # the largest margin is kept
+    assert capped["chosen_id"].to_list() == ["x|anchor|0"]  # the largest margin is kept
     best = best_per_context(cands, scores, "anchor")
-    assert dict(zip(best.context_id, best.candidate_id, strict=True)) == {
-        "x": "x|anchor|0", "y": "y|anchor|0"}
+    assert best.select("context_id", "candidate_id").rows() == [
+        ("x", "x|anchor|0"), ("y", "y|anchor|0")]
 
 
 def test_candidate_seeds_differ_between_personas():

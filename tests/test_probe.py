@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import pandas as pd
+import polars as pl
 import pytest
 
 from mascot_dag.lib import probe
@@ -38,7 +38,7 @@ def test_bad_reference_file_names_the_file(tmp_path):
         probe.load_reference_utterances("workplace", tmp_path)
 
 
-def _table(gain_contexts: int, n_contexts: int = 10) -> pd.DataFrame:
+def _table(gain_contexts: int, n_contexts: int = 10) -> pl.DataFrame:
     """Two personas x n contexts x 2 seeds; the adapter becomes identifiable on the first
     `gain_contexts` contexts, the base never is."""
     units, base, adapted = [], [], []
@@ -49,30 +49,37 @@ def _table(gain_contexts: int, n_contexts: int = 10) -> pd.DataFrame:
                 base.append(f"base {c} {persona} {s}")
                 adapted.append(f"base {c} {persona} {s}" if c >= gain_contexts else f"new {c}")
     t = probe.unit_table(units, base, adapted)
-    changed = t.text.str.startswith("new")
-    t["identifiable"] = changed.astype(float)
-    t["consistency"] = 2.0 + changed
-    t["relevance"] = 3.0
-    t["copied"] = 0.0
-    return t
+    changed = pl.col("text").str.starts_with("new").cast(pl.Float64)
+    return t.with_columns(identifiable=changed, consistency=2.0 + changed, relevance=pl.lit(3.0),
+                          copied=pl.lit(0.0))
+
+
+def _by_persona(summary: pl.DataFrame) -> dict[str, dict]:
+    return {r["persona"]: r for r in summary.to_dicts()}
 
 
 def test_summary_is_paired_and_clustered_by_context():
-    s = probe.summarise(_table(gain_contexts=10)).set_index("persona")
-    assert s.loc["all", "n_units"] == 40 and s.loc["all", "n_contexts"] == 10
-    assert s.loc["all", "identifiable_gain"] == pytest.approx(1.0)
-    assert s.loc["all", "identifiable_lo"] == pytest.approx(1.0)
-    assert s.loc["anchor", "identical_share"] == 0.0
-    assert s.loc["all", "relevance_gain"] == 0.0
+    s = _by_persona(probe.summarise(_table(gain_contexts=10)))
+    assert s["all"]["n_units"] == 40 and s["all"]["n_contexts"] == 10
+    assert s["all"]["identifiable_gain"] == pytest.approx(1.0)
+    assert s["all"]["identifiable_lo"] == pytest.approx(1.0)
+    assert s["anchor"]["identical_share"] == 0.0
+    assert s["all"]["relevance_gain"] == 0.0
+    assert s["all"]["consistency_base"] == 2.0 and s["all"]["consistency_adapter"] == 3.0
 
-    none = probe.summarise(_table(gain_contexts=0)).set_index("persona")
-    assert none.loc["all", "identical_share"] == 1.0
-    assert none.loc["all", "identifiable_gain"] == 0.0
+    none = _by_persona(probe.summarise(_table(gain_contexts=0)))
+    assert none["all"]["identical_share"] == 1.0
+    assert none["all"]["identifiable_gain"] == 0.0
 
     # a gain on 2 of 10 contexts: positive, but the context bootstrap keeps the CI honest
-    few = probe.summarise(_table(gain_contexts=2)).set_index("persona")
-    assert few.loc["all", "identifiable_gain"] == pytest.approx(0.2)
-    assert few.loc["all", "identifiable_lo"] < 0.2 < few.loc["all", "identifiable_hi"]
+    table = _table(gain_contexts=2)
+    few = _by_persona(probe.summarise(table))
+    assert few["all"]["identifiable_gain"] == pytest.approx(0.2)
+    assert few["all"]["identifiable_lo"] < 0.2 < few["all"]["identifiable_hi"]
+    # the CLI reads persona_probe as pandas: same numbers, answered in pandas
+    legacy = probe.summarise(table.to_pandas()).set_index("persona")
+    assert legacy.loc["all", "identifiable_gain"] == pytest.approx(0.2)
+    assert legacy.loc["all", "identifiable_lo"] == pytest.approx(few["all"]["identifiable_lo"])
 
 
 def test_unit_table_rejects_mismatched_lengths():

@@ -14,11 +14,14 @@ import functools
 import time
 
 import dagster as dg
-import pandas as pd
+import polars as pl
 
 from mascot_dag.assets.common import (
+    DUCKDB_POOL,
+    TRANSIENT_RETRY,
     base_model_path,
     fingerprint,
+    markdown_table,
     persona_partitions,
     registered_name,
 )
@@ -30,12 +33,13 @@ from mascot_dag.lib.dialogue import opening_agent_messages
 from mascot_dag.lib.home import Home
 from mascot_dag.lib.judges.base import ResponseItem
 from mascot_dag.lib.judges.features import card_grams, copied_grams
+from mascot_dag.lib.judges.panel import MEAN, training_judgments
 from mascot_dag.lib.methods import sft_examples
 from mascot_dag.lib.preferences import best_per_context, mean_scores, persona_tag, reward_messages
 from mascot_dag.lib.tables import context_from_row
 from mascot_dag.lib.training.common import lora_relative_change
 from mascot_dag.lib.types import ChatRequest, SamplingParams
-from mascot_dag.resources.judge import EmbeddedJudgeResource
+from mascot_dag.resources.judge import JudgePanelResource
 from mascot_dag.resources.llm import ChatModelResource
 from mascot_dag.resources.settings import LineageSettings
 from mascot_dag.resources.store import DuckDBStore
@@ -75,7 +79,7 @@ def sft_settings(settings: LineageSettings, steps: int, learning_rate: float):
 
 def preference_examples(store: DuckDBStore, persona_set: str) -> list[dict]:
     """preference_pairs joined to texts -> [{"prompt": RM messages, "chosen", "rejected"}]."""
-    df = store.query(
+    df = store.frame(
         "SELECT p.pair_id, p.persona_id, p.context_id, c.text AS chosen, r.text AS rejected "
         "FROM preference_pairs p JOIN candidates c ON c.candidate_id = p.chosen_id "
         "JOIN candidates r ON r.candidate_id = p.rejected_id ORDER BY p.pair_id"
@@ -84,10 +88,10 @@ def preference_examples(store: DuckDBStore, persona_set: str) -> list[dict]:
     # The short tag the reward model reads (see lib.preferences.reward_messages).
     tags = {c.persona_id: persona_tag(c) for c in load_roster(store, persona_set)}
     return [
-        {"pair_id": r.pair_id, "group": r.context_id,
-         "prompt": reward_messages(tags[r.persona_id], ctx[r.context_id]),
-         "chosen": r.chosen, "rejected": r.rejected}
-        for r in df.itertuples()
+        {"pair_id": r["pair_id"], "group": r["context_id"],
+         "prompt": reward_messages(tags[r["persona_id"]], ctx[r["context_id"]]),
+         "chosen": r["chosen"], "rejected": r["rejected"]}
+        for r in df.iter_rows(named=True)
     ]
 
 
@@ -97,7 +101,7 @@ def nan_if_none(value: float | None) -> float:
 
 def all_contexts(store: DuckDBStore) -> dict:
     return {r["context_id"]: context_from_row(r)
-            for r in store.query("SELECT * FROM contexts").to_dict("records")}
+            for r in store.frame("SELECT * FROM contexts").to_dicts()}
 
 
 @functools.lru_cache(maxsize=1)
@@ -119,6 +123,7 @@ def log_curves(tracking: MLflowResource, curves: dict[str, list]) -> None:
     group_name="persona_alignment",
     deps=["contexts"],
     kinds={"pytorch", "mlflow"},
+    retry_policy=TRANSIENT_RETRY,
 )
 def policy_sft(
     context: dg.AssetExecutionContext,
@@ -132,8 +137,8 @@ def policy_sft(
     baseline serves it with persona prompts."""
     from mascot_dag.lib.training.sft import train_sft_adapter
 
-    rows = store.query("SELECT * FROM contexts WHERE split = 'train' AND source = "
-                       "'empatheticdialogues' ORDER BY md5(context_id)").to_dict("records")
+    rows = store.frame("SELECT * FROM contexts WHERE split = 'train' AND source = "
+                       "'empatheticdialogues' ORDER BY md5(context_id)").to_dicts()
     examples = sft_examples([context_from_row(r) for r in rows])
     if not examples:
         raise ValueError("no listener turns in the train split of empatheticdialogues: pi_SFT "
@@ -163,6 +168,7 @@ def policy_sft(
     group_name="persona_alignment",
     deps=["persona_preference_pairs"],
     kinds={"pytorch", "mlflow"},
+    retry_policy=TRANSIENT_RETRY,
     check_specs=[dg.AssetCheckSpec("heldout_accuracy_vs_chance", asset="persona_reward_model",
                                    blocking=True)],
 )
@@ -249,12 +255,15 @@ def persona_reward_model(
     )
 
 
-def warm_start_examples(store: DuckDBStore, settings: LineageSettings, card, roster) -> list[dict]:
+def warm_start_examples(store: DuckDBStore, settings: LineageSettings, card, roster,
+                        training_rule: str = MEAN) -> list[dict]:
     """SFT targets of the persona warm start: per train context, the candidate (of any persona's
-    prompt) that the judges scored best AS this persona, under the prompt the adapter serves in."""
+    prompt) that the training judge scored best AS this persona, under the prompt the adapter
+    serves in."""
     persona = card.persona_id
     cands = store.query("SELECT candidate_id, context_id, persona_id, text FROM candidates")
-    judg = store.query("SELECT * FROM judgments WHERE persona_id = ?", [persona])
+    judg = training_judgments(store.query("SELECT * FROM judgments WHERE persona_id = ?",
+                                          [persona]), training_rule)
     best = best_per_context(cands, mean_scores(judg, settings.persona_score_weight), persona)
     text = dict(zip(cands.candidate_id, cands.text, strict=True))
     ctx = all_contexts(store)
@@ -271,13 +280,14 @@ def warm_start_examples(store: DuckDBStore, settings: LineageSettings, card, ros
     partitions_def=persona_partitions,
     deps=[persona_reward_model, policy_sft],
     kinds={"pytorch", "mlflow"},
+    pool=DUCKDB_POOL, retry_policy=TRANSIENT_RETRY,  # the persona probe writes persona_probe
     check_specs=[dg.AssetCheckSpec("fidelity_effect", asset="persona_adapters", blocking=True)],
 )
 def persona_adapters(
     context: dg.AssetExecutionContext,
     store: DuckDBStore,
     chat: ChatModelResource,
-    judge: EmbeddedJudgeResource,
+    judges: JudgePanelResource,
     tracking: MLflowResource,
     settings: LineageSettings,
 ) -> dg.MaterializeResult:
@@ -319,7 +329,7 @@ def persona_adapters(
         warm_dir = None
         if settings.warm_start_steps > 0:
             t0 = time.monotonic()
-            examples = warm_start_examples(store, settings, card, roster)
+            examples = warm_start_examples(store, settings, card, roster, judges.training_judge)
             ws = sft_settings(settings, settings.warm_start_steps,
                               settings.warm_start_learning_rate)
             warm = train_sft_adapter(
@@ -351,7 +361,8 @@ def persona_adapters(
         arms = {"adapter": (result.adapter_dir, f"{name}@v{version}")}
         if warm_dir is not None and settings.probe_warm_start:
             arms["warm_start"] = (warm_dir, f"{name}@v{version}-warm")
-        summary = run_probe(store, chat, judge, settings, card, roster, arms, f"{name}/{version}")
+        summary = run_probe(store, chat, judges.training(), settings, card, roster, arms,
+                            f"{name}/{version}")
         timings["probe_s"] = time.monotonic() - t0
         overall = summary.set_index("persona").loc[persona]
         tracking.log_params({f"probe_{k}": v for k, v in overall.items()
@@ -399,7 +410,9 @@ def _classifier(persona_set: str, seed: int):
 
 def run_probe(store, chat, judge, settings, card, roster, arms: dict, model_version: str):
     """The paired probe (lib/probe.py) of one persona: base vs each arm's adapter on the same
-    held-out requests and seeds. Writes persona_probe rows; returns the summary table."""
+    held-out requests and seeds. `judge` is the panel's training judge (its consistency and
+    relevance sit beside the independent classifier). Writes persona_probe rows; returns the
+    summary table."""
     ctxs = persona_set_contexts(store, settings, "eval", settings.probe_contexts)
     backend = chat.backend()
     for adapter_dir, adapter_name in arms.values():
@@ -424,7 +437,7 @@ def run_probe(store, chat, judge, settings, card, roster, arms: dict, model_vers
         rows.append(t if not rows else t[t.arm == arm])
     table = pd.concat(rows, ignore_index=True)
     ctx = {c.context_id: c for c in ctxs}
-    scores = judge.judge().score_responses(
+    scores = judge.score_responses(
         [ResponseItem(ctx[r.context_id].text, card, roster, r.text, [])
          for r in table.itertuples()])
     crit = [{s.criterion: s.score for s in ss} for ss in scores]

@@ -6,16 +6,24 @@ from dataclasses import replace
 import dagster as dg
 import pandas as pd
 
-from mascot_dag.assets.common import base_model_path, counts, fingerprint, table_metadata
+from mascot_dag.assets.common import (
+    DUCKDB_POOL,
+    TRANSIENT_RETRY,
+    base_model_path,
+    counts,
+    fingerprint,
+    table_metadata,
+)
 from mascot_dag.assets.feedback import load_roster
 from mascot_dag.assets.registry import DIRECTOR_MODEL, attach_personas
 from mascot_dag.lib.dialogue import DialogueConfig, blocks, run_dialogues
 from mascot_dag.lib.home import Home
+from mascot_dag.lib.judges.agreement import agreement, agreement_markdown
 from mascot_dag.lib.judges.base import BlockItem
 from mascot_dag.lib.rollout import build_specs, record_frames, records_from_frames
 from mascot_dag.lib.tables import context_from_row, score_rows
 from mascot_dag.lib.users import load_user_profiles
-from mascot_dag.resources.judge import EmbeddedJudgeResource
+from mascot_dag.resources.judge import JudgePanelResource
 from mascot_dag.resources.llm import ChatModelResource
 from mascot_dag.resources.settings import LineageSettings
 from mascot_dag.resources.store import DuckDBStore
@@ -25,8 +33,9 @@ EXPERIMENT = "stage2_collaboration"
 ROLLOUT_PREFIX = "rollout"
 
 
-def pick_contexts(store: DuckDBStore, split: str, per_mode: int):
-    """Up to `per_mode` contexts of each source from a split, in a fixed hash order."""
+def pick_contexts(store: DuckDBStore, split: str, per_mode: int, required: bool = True):
+    """Up to `per_mode` contexts of each source from a split, in a fixed hash order
+    (`required=False`: an empty split gives [], e.g. the OOD split of a held-out source)."""
     out = []
     for source in ("empatheticdialogues", "qmsum"):
         limit = f"LIMIT {int(per_mode)}" if per_mode else ""
@@ -35,7 +44,7 @@ def pick_contexts(store: DuckDBStore, split: str, per_mode: int):
             [split, source],
         ).to_dict("records")
         out += [context_from_row(r) for r in rows]
-    if not out:
+    if not out and required:
         raise ValueError(f"no {split} contexts: materialise `contexts` first")
     return out
 
@@ -80,7 +89,7 @@ def dialogue_metadata(dialogues, turns, directives, **extra) -> dict:
 
 
 @dg.asset(group_name="collaboration", deps=["persona_adapters", "contexts", "persona_cards"],
-          kinds={"duckdb", "pytorch"})
+          kinds={"duckdb", "pytorch"}, pool=DUCKDB_POOL, retry_policy=TRANSIENT_RETRY)
 def group_rollouts(
     store: DuckDBStore, chat: ChatModelResource, tracking: MLflowResource, settings: LineageSettings
 ) -> dg.MaterializeResult:
@@ -97,8 +106,9 @@ def group_rollouts(
         fallback_rate=float((x.status == "fallback").mean()) if len(x) else 0.0))
 
 
-def judge_blocks(store: DuckDBStore, judge, prefix: str, block_size: int) -> pd.DataFrame:
-    """Collective-rubric scores of every N-turn block of the dialogues under `prefix`."""
+def judge_blocks(store: DuckDBStore, judges: list, prefix: str, block_size: int) -> pd.DataFrame:
+    """Collective-rubric scores of every N-turn block of the dialogues under `prefix`, by each
+    of `judges` (lib judges), one row per judge."""
     like = [f"{prefix}:%"]
     dialogues = store.query("SELECT * FROM dialogues WHERE dialogue_id LIKE ?", like)
     turns = store.query("SELECT * FROM turns WHERE dialogue_id LIKE ?", like)
@@ -111,41 +121,66 @@ def judge_blocks(store: DuckDBStore, judge, prefix: str, block_size: int) -> pd.
             items.append(BlockItem(ctx[rec.dialogue["context_id"]], r,
                                    [{"speaker": t["speaker"], "text": t["text"]} for t in block]))
             keys.append((rec.dialogue["dialogue_id"], b))
-    j = judge.judge()
     rows = []
-    for (did, b), scores in zip(keys, j.score_blocks(items) if items else [], strict=True):
-        rows += score_rows(scores, dialogue_id=did, block_idx=b, judge=j.name)
+    for j in judges:
+        for (did, b), scores in zip(keys, j.score_blocks(items) if items else [], strict=True):
+            rows += score_rows(scores, dialogue_id=did, block_idx=b, judge=j.name)
     return pd.DataFrame(rows, columns=["dialogue_id", "block_idx", "judge", "criterion", "score",
                                        "rationale", "status", "raw_output"])
 
 
-@dg.asset(group_name="collaboration", deps=[group_rollouts], kinds={"duckdb"})
+@dg.asset(group_name="collaboration", deps=[group_rollouts], kinds={"duckdb"},
+          pool=DUCKDB_POOL, retry_policy=TRANSIENT_RETRY)
 def group_judgments(
-    store: DuckDBStore, judge: EmbeddedJudgeResource, settings: LineageSettings
+    store: DuckDBStore, judges: JudgePanelResource, settings: LineageSettings
 ) -> dg.MaterializeResult:
-    """Collective rubric (4 criteria, 1-5) per N-turn block of every rollout dialogue."""
-    df = judge_blocks(store, judge, ROLLOUT_PREFIX, settings.block_size)
+    """Collective rubric (4 criteria, 1-5) per N-turn block of every rollout dialogue, by every
+    judge of the panel."""
+    df = judge_blocks(store, judges.judges(), ROLLOUT_PREFIX, settings.block_size)
     store.replace("group_judgments", df, "dialogue_id LIKE ?", [f"{ROLLOUT_PREFIX}:%"])
     ok = df[df.status == "ok"]
     return dg.MaterializeResult(metadata=table_metadata(
         df[["dialogue_id", "block_idx", "criterion", "score"]],
         blocks=int(df[["dialogue_id", "block_idx"]].drop_duplicates().shape[0]),
-        mean_by_criterion={k: round(float(v), 3) for k, v in ok.groupby("criterion").score.mean().items()},
+        mean_by_criterion={f"{j}/{c}": round(float(v), 3) for (j, c), v
+                           in ok.groupby(["judge", "criterion"]).score.mean().items()},
         failure_rate=float((df.status == "failed").mean()) if len(df) else 0.0,
+        failure_rate_by_judge={k: float((g.status == "failed").mean())
+                               for k, g in df.groupby("judge")},
+        judge_agreement=dg.MetadataValue.md(agreement_markdown(
+            agreement(df, ["dialogue_id", "block_idx"], value="score"))),
     ))
 
 
-@dg.asset(group_name="collaboration", deps=[group_judgments], kinds={"pytorch", "mlflow"})
+def director_training(settings: LineageSettings, max_completion_length: int):
+    """(GRPOSettings, LoraSettings) of the director: the persona GRPO's, with director_steps and
+    the director's own learning rate / LoRA targets where set (None = shared with the personas).
+    The directive budget is the one it has in dialogues."""
+    from mascot_dag.assets.alignment import grpo_settings, lora_settings
+
+    gs = replace(grpo_settings(settings, max_completion_length), max_steps=settings.director_steps)
+    if settings.director_learning_rate is not None:
+        gs = replace(gs, learning_rate=settings.director_learning_rate)
+    lora = lora_settings(settings)
+    if settings.director_lora_targets:
+        targets = tuple(t.strip() for t in settings.director_lora_targets.split(",") if t.strip())
+        lora = replace(lora, target_modules=targets)
+    return gs, lora
+
+
+@dg.asset(group_name="collaboration", deps=[group_judgments], kinds={"pytorch", "mlflow"},
+          retry_policy=TRANSIENT_RETRY)
 def director_adapter(
     store: DuckDBStore,
     chat: ChatModelResource,
-    judge: EmbeddedJudgeResource,
+    judges: JudgePanelResource,
     tracking: MLflowResource,
     settings: LineageSettings,
 ) -> dg.MaterializeResult:
-    """GRPO LoRA for the director: each sampled directive is rolled out for the next agent turn and
-    rewarded by the group judge on the resulting block, plus a format reward for valid directives."""
-    from mascot_dag.assets.alignment import grpo_settings, log_curves, lora_settings
+    """GRPO LoRA for the director: each sampled directive is rolled out `director_reward_horizon`
+    turns and rewarded by the group judge on the resulting block, plus a format reward for valid
+    directives."""
+    from mascot_dag.assets.alignment import log_curves
     from mascot_dag.lib.director_reward import (
         DirectiveFormatReward,
         GroupBlockReward,
@@ -167,21 +202,22 @@ def director_adapter(
         raise ValueError("no director decision points in the rollouts: materialise group_rollouts")
     adapters, versions = attach_personas(chat, tracking, [c.persona_id for c in roster["support"]])
     config = dialogue_config(settings, persona_adapters=adapters)
-    rewards = [GroupBlockReward(states, chat.backend().generate, judge.judge(), config,
-                                settings.block_size),
+    horizon = settings.director_reward_horizon
+    # the group reward is the panel's training judge (settings: judges.training_judge)
+    rewards = [GroupBlockReward(states, chat.backend().generate, judges.training(), config,
+                                settings.block_size, horizon),
                DirectiveFormatReward(states, config.no_repeat)]
     weights = [1.0, settings.format_reward_weight]
-    # The director trains for director_steps, with the directive budget it has in dialogues.
-    gs = replace(grpo_settings(settings, config.max_new_tokens_director),
-                 max_steps=settings.director_steps)
-    lora = lora_settings(settings)
+    gs, lora = director_training(settings, config.max_new_tokens_director)
     base = base_model_path(chat)
     prompts = [s.messages for s in states]
-    out = Home.from_env().checkpoints / "director_adapter" / fingerprint(base, prompts, versions, gs, lora)
+    out = Home.from_env().checkpoints / "director_adapter" / fingerprint(
+        base, prompts, versions, gs, lora, horizon)
     with tracking.start_run(EXPERIMENT, "grpo-director", {"asset": "director_adapter"}) as run:
         tracking.log_params({"base_model": base, "states": len(states), **gs.__dict__,
+                             "group_judge": rewards[0].judge.name,
                              "persona_adapter_versions": versions, "lora": lora.__dict__,
-                             "reward_weights": weights})
+                             "reward_weights": weights, "director_reward_horizon": horizon})
         result = train_grpo_adapter(base, prompts, rewards, weights, gs, lora, out)
         log_curves(tracking, {"reward": result.reward_curve, "kl": result.kl_curve,
                               "loss": result.loss_curve, **result.reward_func_curves})

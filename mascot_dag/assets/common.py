@@ -1,8 +1,12 @@
-"""Small helpers shared by the asset modules: metadata that is measured, never decorative."""
+"""Small helpers shared by the asset modules: metadata that is measured, never decorative.
+
+They take polars frames, and pandas ones from the assets still reading `store.query`.
+"""
 
 import dagster as dg
-import pandas as pd
+import polars as pl
 
+from mascot_dag.lib.frames import to_polars
 from mascot_dag.lib.personas import load_personas, personas_of_set
 
 # Stage 1 trains the emotional-support set; its persona ids are the partitions of the per-persona
@@ -10,29 +14,43 @@ from mascot_dag.lib.personas import load_personas, personas_of_set
 SUPPORT_PERSONAS = [c.persona_id for c in personas_of_set(load_personas(), "support")]
 persona_partitions = dg.StaticPartitionsDefinition(SUPPORT_PERSONAS)
 
-def preview(df: pd.DataFrame, n: int = 5, width: int = 80) -> dg.MetadataValue:
-    """A short markdown preview with long cells cut, so the UI stays readable."""
-    short = df.head(n).copy()
-    for col in short.columns:
-        if short[col].dtype == object:
-            short[col] = short[col].map(
-                lambda v: (str(v)[: width - 1] + "…") if len(str(v)) > width else v
-            )
-    return dg.MetadataValue.md(short.to_markdown(index=False))
+def markdown_table(df, width: int = 0) -> str:
+    """A markdown table of a polars (or pandas) frame; text cells over `width` (> 0) are cut,
+    floats printed like tabulate's default (`g`), pipes and newlines escaped."""
+    def cell(v) -> str:
+        if v is None:
+            return ""
+        if isinstance(v, float):
+            return f"{v:g}"
+        text = str(v)
+        if width and isinstance(v, str) and len(text) > width:
+            text = text[: width - 1] + "…"
+        return text.replace("|", "\\|").replace("\n", " ")
 
-def table_metadata(df: pd.DataFrame, **extra) -> dict:
+    df = to_polars(df)
+    lines = ["| " + " | ".join(df.columns) + " |", "|" + "|".join("---" for _ in df.columns) + "|"]
+    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in df.rows()]
+    return "\n".join(lines)
+
+def preview(df, n: int = 5, width: int = 80) -> dg.MetadataValue:
+    """A short markdown preview with long cells cut, so the UI stays readable."""
+    return dg.MetadataValue.md(markdown_table(to_polars(df).head(n), width))
+
+def table_metadata(df, **extra) -> dict:
+    df = to_polars(df)
     schema = dg.TableSchema(
-        columns=[dg.TableColumn(name=c, type=str(df[c].dtype)) for c in df.columns]
+        columns=[dg.TableColumn(name=c, type=str(t)) for c, t in df.schema.items()]
     )
     return {
-        "dagster/row_count": len(df),
+        "dagster/row_count": df.height,
         "dagster/column_schema": schema,
         "preview": preview(df),
         **extra,
     }
 
-def counts(df: pd.DataFrame, col: str) -> dict:
-    return {str(k): int(v) for k, v in df[col].fillna("n/a").value_counts().sort_index().items()}
+def counts(df, col: str) -> dict:
+    values = to_polars(df).get_column(col).cast(pl.String).fill_null("n/a")
+    return {k: int(v) for k, v in sorted(values.value_counts().rows())}
 
 
 def base_model_path(chat) -> str:
@@ -56,3 +74,13 @@ def fingerprint(*parts) -> str:
 
 def registered_name(prefix: str, persona_id: str) -> str:
     return f"{prefix}-{persona_id.replace('_', '-')}"
+
+
+# DuckDB allows one writer process per file: every asset that writes mascot.duckdb runs in this
+# pool, and the instance's dagster.yaml (pipeline.prepare_home) lets one step of a pool run at a
+# time across all runs. With the in-process executor and one run at a time this changes nothing;
+# it is what keeps writers apart once runs or steps go parallel (docs/DESIGN.md).
+DUCKDB_POOL = "duckdb"
+# Transient failures (DuckDB's writer lock held past the store's own retries, MLflow's sqlite
+# store busy, an endpoint that drops a request): the step is retried twice, 5 s then 10 s later.
+TRANSIENT_RETRY = dg.RetryPolicy(max_retries=2, delay=5, backoff=dg.Backoff.EXPONENTIAL)

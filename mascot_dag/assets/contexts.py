@@ -5,13 +5,14 @@ from importlib import resources
 from pathlib import Path
 
 import dagster as dg
+import polars as pl
 from pydantic import Field
 
-from mascot_dag.assets.common import counts, table_metadata
+from mascot_dag.assets.common import DUCKDB_POOL, TRANSIENT_RETRY, counts, table_metadata
 from mascot_dag.lib.home import Home
 from mascot_dag.lib.inbox import incoming_sources
 from mascot_dag.lib.loaders import load_empathetic_dialogues, load_qmsum
-from mascot_dag.lib.split import assign_split
+from mascot_dag.lib.split import assign_split_ood, validate_ood
 from mascot_dag.lib.tables import contexts_frame
 from mascot_dag.resources.settings import LineageSettings
 from mascot_dag.resources.store import DuckDBStore
@@ -39,7 +40,8 @@ def resolve_sources(config: ContextsConfig) -> tuple[Path, Path]:
     qm = config.qmsum_path or os.environ.get("MASCOT_QMSUM_PATH") or str(DEMO_QMSUM)
     return Path(ed), Path(qm)
 
-@dg.asset(group_name="contexts", kinds={"duckdb", "python"})
+@dg.asset(group_name="contexts", kinds={"duckdb", "python"},
+          pool=DUCKDB_POOL, retry_policy=TRANSIENT_RETRY)
 def contexts(
     context: dg.AssetExecutionContext,
     config: ContextsConfig,
@@ -57,10 +59,13 @@ def contexts(
     for f in qm_in:
         qm.contexts += load_qmsum(f, max_chars=config.qmsum_max_chars).contexts
     items = ed.contexts + qm.contexts
+    validate_ood(settings.ood_valences, settings.ood_domains)
     for c in items:
-        c.split = assign_split(c.context_id, settings.eval_ratio)
+        c.split = assign_split_ood(c.context_id, c.source, c.valence, c.emotion, c.domain,
+                                   settings.eval_ratio, settings.ood_valences, settings.ood_domains)
     df = contexts_frame(items)
-    dupes = df.loc[df.context_id.duplicated(), "context_id"].tolist()
+    dupes = df.filter(pl.col("context_id").is_duplicated())["context_id"].unique(
+        maintain_order=True).to_list()
     if dupes:
         raise ValueError(f"duplicate context ids from {ed_path} / {qm_path}: {dupes[:5]}")
     for msg in ed.skipped + qm.skipped:
@@ -68,12 +73,12 @@ def contexts(
     store.replace("contexts", df)
     return dg.MaterializeResult(
         metadata=table_metadata(
-            df[["context_id", "source", "domain", "split", "valence", "situation"]],
+            df.select("context_id", "source", "domain", "split", "valence", "situation"),
             by_source=counts(df, "source"),
             by_split=counts(df, "split"),
             by_valence=counts(df, "valence"),
             by_domain=counts(df, "domain"),
-            meetings=int(df.meeting_id.nunique()),
+            meetings=df["meeting_id"].n_unique(),
             skipped_rows=len(ed.skipped) + len(qm.skipped),
             ed_path=str(ed_path),
             incoming_files=len(ed_in) + len(qm_in),
@@ -86,24 +91,25 @@ def _check(passed: bool, description: str, **metadata) -> dg.AssetCheckResult:
 
 @dg.asset_check(asset=contexts, blocking=True)
 def contexts_unique_ids_check(store: DuckDBStore) -> dg.AssetCheckResult:
-    n = store.query(
+    d, n = store.frame(
         "SELECT count(*) - count(DISTINCT context_id) AS d, count(*) AS n FROM contexts"
-    ).iloc[0]
-    return _check(int(n.d) == 0, f"{int(n.d)} duplicate ids among {int(n.n)}", duplicates=int(n.d))
+    ).row(0)
+    return _check(d == 0, f"{d} duplicate ids among {n}", duplicates=int(d))
 
 @dg.asset_check(asset=contexts, blocking=True)
 def contexts_no_empty_texts_check(store: DuckDBStore) -> dg.AssetCheckResult:
-    bad = store.query(
+    bad = store.frame(
         "SELECT context_id FROM contexts WHERE trim(text) = '' OR trim(situation) = '' LIMIT 10"
     )
-    return _check(bad.empty, f"{len(bad)} contexts with empty text", examples=bad.context_id.tolist())
+    return _check(bad.is_empty(), f"{bad.height} contexts with empty text",
+                  examples=bad["context_id"].to_list())
 
 @dg.asset_check(asset=contexts)
 def contexts_coverage_check(store: DuckDBStore) -> dg.AssetCheckResult:
     """Every valence (ED) and every QMSum domain is present, in the train split at least."""
-    df = store.query("SELECT source, domain, valence, split FROM contexts")
-    valences = set(df.loc[df.source == "empatheticdialogues", "valence"].dropna())
-    domains = set(df.loc[df.source == "qmsum", "domain"])
+    df = store.frame("SELECT source, domain, valence, split FROM contexts")
+    valences = set(df.filter(source="empatheticdialogues")["valence"].drop_nulls())
+    domains = set(df.filter(source="qmsum")["domain"])
     missing = sorted({"positive", "negative", "neutral"} - valences) + sorted(
         {"academic", "committee", "product"} - domains
     )

@@ -17,14 +17,16 @@ from mascot_dag.assets.collaboration import (
     rosters,
     write_dialogues,
 )
-from mascot_dag.assets.common import table_metadata
+from mascot_dag.assets.common import DUCKDB_POOL, TRANSIENT_RETRY, table_metadata
 from mascot_dag.assets.registry import DIRECTOR_MODEL, attach, attach_personas, attach_policy_sft
 from mascot_dag.lib import champion as gate
 from mascot_dag.lib.home import Home
+from mascot_dag.lib.judges.agreement import agreement, agreement_markdown
 from mascot_dag.lib.methods import ASSISTANT, METHODS, run_method
 from mascot_dag.lib.rollout import build_specs
+from mascot_dag.lib.split import OOD_SPLIT
 from mascot_dag.lib.users import load_user_profiles
-from mascot_dag.resources.judge import EmbeddedJudgeResource
+from mascot_dag.resources.judge import JudgePanelResource
 from mascot_dag.resources.llm import ChatModelResource
 from mascot_dag.resources.settings import LineageSettings
 from mascot_dag.resources.store import DuckDBStore
@@ -37,12 +39,19 @@ method_partitions = dg.StaticPartitionsDefinition([*METHODS, gate.CHAMPION])
 
 
 def eval_specs(store: DuckDBStore, settings: LineageSettings):
-    return build_specs(pick_contexts(store, "eval", settings.eval_contexts), rosters(store),
-                       load_user_profiles(), settings.agent_turns, "eval", settings.seed)
+    contexts = pick_contexts(store, "eval", settings.eval_contexts)
+    if settings.ood_valences or settings.ood_domains:  # the OOD condition: held-out contexts
+        contexts += pick_contexts(store, OOD_SPLIT, settings.eval_contexts, required=False)
+    return build_specs(contexts, rosters(store), load_user_profiles(), settings.agent_turns,
+                       "eval", settings.seed)
 
 
 @dg.asset(group_name="evaluation", partitions_def=method_partitions,
-          deps=["director_adapter", "persona_adapters", "policy_sft", "contexts"], kinds={"duckdb", "pytorch"})
+          # every persona adapter (the default between two partitionings would be identity:
+          # method "mascot" -> persona "mascot", which does not exist)
+          deps=["director_adapter", "policy_sft", "contexts",
+                dg.AssetDep("persona_adapters", partition_mapping=dg.AllPartitionMapping())],
+          kinds={"duckdb", "pytorch"}, pool=DUCKDB_POOL, retry_policy=TRANSIENT_RETRY)
 def eval_dialogues(
     context: dg.AssetExecutionContext,
     store: DuckDBStore,
@@ -95,12 +104,14 @@ def _identifier(store: DuckDBStore):
     return PersonaIdentifier(df.text.tolist(), df.speaker.tolist()) if df.speaker.nunique() >= 2 else None
 
 
-@dg.asset(group_name="evaluation", deps=[eval_dialogues], kinds={"duckdb"})
+@dg.asset(group_name="evaluation", deps=[eval_dialogues], kinds={"duckdb"},
+          pool=DUCKDB_POOL, retry_policy=TRANSIENT_RETRY)
 def eval_scores(
-    store: DuckDBStore, judge: EmbeddedJudgeResource, settings: LineageSettings
+    store: DuckDBStore, judges: JudgePanelResource, settings: LineageSettings
 ) -> dg.MaterializeResult:
-    """Agent-level and collective judge scores (1-5) per dialogue, plus automatic metrics."""
-    from mascot_dag.lib.scoring import score_dialogues
+    """Agent-level and collective judge scores (1-5) per dialogue by every judge of the panel,
+    their agreement (Spearman per criterion), plus automatic metrics."""
+    from mascot_dag.lib.scoring import TURN_COLUMNS, score_dialogues
 
     dialogues = store.query("SELECT * FROM dialogues WHERE stage = 'eval'")
     turns = store.query("SELECT * FROM turns WHERE dialogue_id LIKE 'eval:%' ORDER BY dialogue_id, turn_idx")
@@ -109,26 +120,48 @@ def eval_scores(
     ctx = dict(store.query("SELECT context_id, text FROM contexts").values.tolist())
     r = rosters(store)
     cards = {c.persona_id: c for c in r["support"] + r["workplace"] + [ASSISTANT]}
-    df = score_dialogues(dialogues, turns, ctx, cards, r, [judge.judge()], settings.block_size,
-                         embed=_embedder(), identifier=_identifier(store))
-    store.replace("eval_scores", df)
+    turn_rows: list[dict] = []
+    df = score_dialogues(dialogues, turns, ctx, cards, r, judges.judges(), settings.block_size,
+                         embed=_embedder(), identifier=_identifier(store), turn_rows=turn_rows)
+    store.replace_many([("eval_scores", df, None, None),
+                        ("eval_turn_scores", pd.DataFrame(turn_rows, columns=TURN_COLUMNS),
+                         None, None)])
     overall = {m: gate.overall_score(df, m) for m in sorted(df.method.unique())}
+    judged = df[df.level != "automatic"]
+    turn_df = pd.DataFrame(turn_rows, columns=TURN_COLUMNS)
+    agr = agreement(judged, ["method", "dialogue_id", "level"])
     return dg.MaterializeResult(metadata=table_metadata(
         df.head(200), methods=int(df.method.nunique()),
         rows_by_level={k: int(v) for k, v in df.level.value_counts().items()},
-        overall_0_100={k: round(v, 2) for k, v in overall.items() if v is not None}))
+        overall_0_100={k: round(v, 2) for k, v in overall.items() if v is not None},
+        judges=sorted(judged.judge.unique().tolist()),
+        # failed judgments are NULL values, never defaults: per agent turn, and per dialogue
+        # where every judgment of a criterion failed
+        failed_agent_turn_scores_by_judge={k: int(g.value.isna().sum())
+                                           for k, g in turn_df.groupby("judge")},
+        null_dialogue_scores_by_judge={k: int(g.value.isna().sum())
+                                       for k, g in judged.groupby("judge")},
+        judge_agreement=dg.MetadataValue.md(agreement_markdown(agr)),
+        judge_agreement_rho={f"{r.judge_a}~{r.judge_b}/{r.criterion}":
+                             None if pd.isna(r.rho) else round(float(r.rho), 3)
+                             for r in agr.itertuples()},
+        judge_agreement_n={f"{r.judge_a}~{r.judge_b}/{r.criterion}": int(r.n)
+                           for r in agr.itertuples()}))
 
 
-@dg.asset(group_name="evaluation", deps=[eval_dialogues], kinds={"duckdb"})
+@dg.asset(group_name="evaluation", deps=[eval_dialogues], kinds={"duckdb"},
+          pool=DUCKDB_POOL, retry_policy=TRANSIENT_RETRY)
 def three_way_comparisons(
-    store: DuckDBStore, judge: EmbeddedJudgeResource, settings: LineageSettings
+    store: DuckDBStore, judges: JudgePanelResource, settings: LineageSettings
 ) -> dg.MaterializeResult:
-    """On each eval context the judge picks the best of MASCOT and two other methods (shuffled)."""
+    """On each eval context the three-way picker (`judges.three_way_judge`: a judge, the panel,
+    or the metric picker independent of the training judge) picks the best of MASCOT and two
+    other methods (shuffled)."""
     turns = store.query("SELECT t.*, d.method, d.context_id FROM turns t JOIN dialogues d "
                         "USING (dialogue_id) WHERE d.stage = 'eval' ORDER BY t.turn_idx")
     ctx = dict(store.query("SELECT context_id, text FROM contexts").values.tolist())
     others = [m for m in METHODS if m != "mascot"]
-    j = judge.judge()
+    j = judges.picker()
     rows = []
     for i, (cid, g) in enumerate(sorted(turns.groupby("context_id"), key=lambda kv: kv[0])):
         present = set(g.method)
@@ -148,7 +181,7 @@ def three_way_comparisons(
                                      "winner", "status"])
     store.replace("comparisons", df)
     return dg.MaterializeResult(metadata=table_metadata(
-        df, comparisons=len(df),
+        df, comparisons=len(df), judge=j.name,
         mascot_wins=int((df.winner == "mascot").sum()) if len(df) else 0))
 
 
@@ -200,11 +233,12 @@ def apply_gate(tracking: MLflowResource, decision, versions: dict) -> list[str]:
     return moved
 
 
-@dg.asset(group_name="evaluation", deps=[eval_scores, three_way_comparisons],
-          kinds={"mlflow", "markdown"},
+@dg.asset(group_name="evaluation", deps=[eval_scores, three_way_comparisons, "human_ratings",
+                                           "director_comparison"],
+          kinds={"mlflow", "markdown"}, retry_policy=TRANSIENT_RETRY,
           check_specs=[dg.AssetCheckSpec("champion_gate", asset="eval_report", blocking=True)])
 def eval_report(
-    store: DuckDBStore, chat: ChatModelResource, judge: EmbeddedJudgeResource,
+    store: DuckDBStore, chat: ChatModelResource, judges: JudgePanelResource,
     tracking: MLflowResource, settings: LineageSettings,
 ) -> dg.MaterializeResult:
     """Markdown report with plots under MASCOT_HOME/reports, logged to MLflow; champion gate."""
@@ -212,9 +246,12 @@ def eval_report(
     from mascot_dag.lib.stats import win_rates
 
     scores = store.query("SELECT * FROM eval_scores")
+    turn_scores = store.query("SELECT * FROM eval_turn_scores")
+    human = store.query("SELECT * FROM human_ratings"), store.query("SELECT * FROM human_choices")
     dialogues = store.query("SELECT * FROM dialogues WHERE stage = 'eval'")
     comparisons = store.query("SELECT * FROM comparisons")
-    contexts = store.query("SELECT context_id, source, domain, valence FROM contexts")
+    contexts = store.query("SELECT context_id, source, domain, valence, split FROM contexts")
+    director_rows = store.query("SELECT * FROM director_comparison")
     versions = _mascot_versions(store)
     decision = gate.gate_decision(
         current_champion_scores(store, tracking, scores), champion_exists(tracking),
@@ -222,6 +259,7 @@ def eval_report(
         min_contexts=settings.gate_min_contexts, seed=settings.seed)
     provenance = {
         "base model": chat.model_name, "judges": sorted(scores.judge.unique().tolist()),
+        "training judge": judges.training_judge, "three-way judge": judges.three_way_judge,
         "adapter versions used by mascot": versions or "none",
         "sizes": {k: getattr(settings, k) for k in ("eval_contexts", "agent_turns", "block_size",
                                                       "max_new_tokens", "seed")},
@@ -230,7 +268,9 @@ def eval_report(
     out = Home.from_env().reports / time.strftime("%Y%m%d-%H%M%S")
     result = build_report(ReportInputs(scores, dialogues, win_rates(comparisons) if len(comparisons)
                                        else None, provenance, decision, list(METHODS),
-                                       contexts=contexts), out)
+                                       contexts=contexts, turn_scores=turn_scores,
+                                       human_ratings=human[0], human_choices=human[1],
+                                       director_comparison=director_rows), out)
     latest = Home.from_env().reports / "latest.md"
     latest.write_text(result.markdown.read_text(encoding="utf-8").replace(
         "](", f"]({out.name}/"), encoding="utf-8")

@@ -10,14 +10,21 @@ another persona's voice on the rejected side (lib/preferences.py).
 import dagster as dg
 import pandas as pd
 
-from mascot_dag.assets.common import persona_partitions, table_metadata
+from mascot_dag.assets.common import (
+    DUCKDB_POOL,
+    TRANSIENT_RETRY,
+    persona_partitions,
+    table_metadata,
+)
 from mascot_dag.lib.dialogue import opening_agent_messages
+from mascot_dag.lib.judges.agreement import agreement, agreement_markdown
 from mascot_dag.lib.judges.base import ResponseItem
+from mascot_dag.lib.judges.panel import training_judgments
 from mascot_dag.lib.llm.cache import CachedChat
 from mascot_dag.lib.preferences import candidate_id, candidate_seed, make_pairs, mean_scores
 from mascot_dag.lib.tables import card_from_row, context_from_row, score_rows
 from mascot_dag.lib.types import ChatRequest, SamplingParams
-from mascot_dag.resources.judge import EmbeddedJudgeResource
+from mascot_dag.resources.judge import JudgePanelResource
 from mascot_dag.resources.llm import ChatModelResource
 from mascot_dag.resources.settings import LineageSettings
 from mascot_dag.resources.store import DuckDBStore
@@ -63,6 +70,7 @@ def policy_adapter(chat: ChatModelResource, tracking, settings: LineageSettings)
     partitions_def=persona_partitions,
     deps=["contexts", "persona_prompts", "policy_sft"],
     kinds={"duckdb", "pytorch"},
+    pool=DUCKDB_POOL, retry_policy=TRANSIENT_RETRY,
 )
 def candidate_responses(
     context: dg.AssetExecutionContext,
@@ -117,15 +125,17 @@ def candidate_responses(
     # every persona's candidates: with cross_persona_pairs this persona judges all of them
     deps=[dg.AssetDep(candidate_responses, partition_mapping=dg.AllPartitionMapping())],
     kinds={"duckdb"},
+    pool=DUCKDB_POOL, retry_policy=TRANSIENT_RETRY,
 )
 def persona_judgments(
     context: dg.AssetExecutionContext,
     store: DuckDBStore,
-    judge: EmbeddedJudgeResource,
+    judges: JudgePanelResource,
     settings: LineageSettings,
 ) -> dg.MaterializeResult:
     """Agent-level rubric scores (5 criteria, 1-5) of the candidates judged AS this persona
-    (with cross_persona_pairs: every persona's candidates), long format."""
+    (with cross_persona_pairs: every persona's candidates) by every judge of the panel, long
+    format, one row per judge."""
     persona = context.partition_key
     roster = load_roster(store, settings.train_persona_set)
     card = next(c for c in roster if c.persona_id == persona)
@@ -137,22 +147,26 @@ def persona_judgments(
     )
     if cands.empty:
         raise ValueError(f"no candidates for persona {persona}: materialise candidate_responses")
-    j = judge.judge()
     items = [ResponseItem(r.context_text, card, roster, r.text, []) for r in cands.itertuples()]
-    scored = j.score_responses(items)
     rows = []
-    for cid, scores in zip(cands.candidate_id, scored, strict=True):
-        rows += score_rows(scores, target_id=cid, persona_id=persona, judge=j.name)
+    for j in judges.judges():
+        for cid, scores in zip(cands.candidate_id, j.score_responses(items), strict=True):
+            rows += score_rows(scores, target_id=cid, persona_id=persona, judge=j.name)
     df = pd.DataFrame(rows)
-    store.replace("judgments", df, "persona_id = ? AND judge = ?", [persona, j.name])
-    failed = float((df.status == "failed").mean())
-    by_crit = df[df.status == "ok"].groupby("criterion").score.mean().round(3).to_dict()
+    # every judge's rows of this persona at once: a judge dropped from the panel leaves none
+    store.replace("judgments", df, "persona_id = ?", [persona])
+    by_judge = df.groupby("judge")
+    ok = df[df.status == "ok"]
     return dg.MaterializeResult(
         metadata=table_metadata(
-            df[["target_id", "criterion", "score", "rationale"]],
-            judge=j.name,
-            failure_rate=failed,
-            mean_score_by_criterion={k: float(v) for k, v in by_crit.items()},
+            df[["target_id", "judge", "criterion", "score", "rationale"]],
+            judges=sorted(df.judge.unique().tolist()),
+            training_judge=judges.training_judge,
+            failure_rate_by_judge={k: float((g.status == "failed").mean()) for k, g in by_judge},
+            mean_score_by_criterion={f"{j}/{c}": round(float(v), 3) for (j, c), v in
+                                     ok.groupby(["judge", "criterion"]).score.mean().items()},
+            judge_agreement=dg.MetadataValue.md(agreement_markdown(
+                agreement(df, ["target_id", "persona_id"], value="score"))),
         )
     )
 
@@ -161,17 +175,21 @@ def persona_judgments(
     partitions_def=persona_partitions,
     deps=[persona_judgments],
     kinds={"duckdb"},
+    pool=DUCKDB_POOL, retry_policy=TRANSIENT_RETRY,
 )
 def persona_preference_pairs(
-    context: dg.AssetExecutionContext, store: DuckDBStore, settings: LineageSettings
+    context: dg.AssetExecutionContext, store: DuckDBStore, judges: JudgePanelResource,
+    settings: LineageSettings,
 ) -> dg.MaterializeResult:
     """Chosen/rejected pairs of one context for this persona, persona-weighted score gap >= delta
-    (lib/preferences.py: the pool holds every persona's candidates with cross_persona_pairs)."""
+    (lib/preferences.py: the pool holds every persona's candidates with cross_persona_pairs),
+    ranked on the panel's training judge (lib/judges/panel.py)."""
     persona = context.partition_key
     which = "" if settings.cross_persona_pairs else "WHERE persona_id = ?"
     cands = store.query(f"SELECT candidate_id, context_id, persona_id FROM candidates {which}",
                         [] if settings.cross_persona_pairs else [persona])
-    judg = store.query("SELECT * FROM judgments WHERE persona_id = ?", [persona])
+    judg = training_judgments(store.query("SELECT * FROM judgments WHERE persona_id = ?",
+                                          [persona]), judges.training_judge)
     scores = mean_scores(judg, settings.persona_score_weight)
     pairs = make_pairs(cands, scores, settings.preference_delta, persona=persona,
                        max_per_context=settings.max_pairs_per_context)
@@ -184,6 +202,7 @@ def persona_preference_pairs(
             pairs[["pair_id", "chosen_id", "rejected_id", "margin"]],
             pairs=len(pairs),
             delta=settings.preference_delta,
+            training_judge=judges.training_judge,
             margin_distribution={k: float(v) for k, v in margins.items()},
             contexts_with_pairs=int(pairs.context_id.nunique()) if len(pairs) else 0,
             cross_persona_rejected=int(

@@ -1,9 +1,9 @@
 """`persona_cards` and `persona_prompts`: the validated persona files and their system prompts."""
 
 import dagster as dg
-import pandas as pd
+import polars as pl
 
-from mascot_dag.assets.common import counts, table_metadata
+from mascot_dag.assets.common import DUCKDB_POOL, TRANSIENT_RETRY, counts, table_metadata
 from mascot_dag.lib.personas import (
     PERSONA_DIR,
     PROMPT_STYLES,
@@ -15,7 +15,8 @@ from mascot_dag.lib.tables import card_from_row, personas_frame
 from mascot_dag.resources.store import DuckDBStore
 
 
-@dg.asset(group_name="personas", kinds={"duckdb", "yaml"})
+@dg.asset(group_name="personas", kinds={"duckdb", "yaml"},
+          pool=DUCKDB_POOL, retry_policy=TRANSIENT_RETRY)
 def persona_cards(store: DuckDBStore) -> dg.MaterializeResult:
     """Every persona card of mascot_dag/personas/*.yaml, validated (errors name file and field)."""
     cards, files = [], {}
@@ -26,14 +27,15 @@ def persona_cards(store: DuckDBStore) -> dg.MaterializeResult:
     df = personas_frame(cards, files)
     store.replace("personas", df)
     return dg.MaterializeResult(
-        metadata=table_metadata(df[["persona_id", "persona_set", "name", "role"]],
+        metadata=table_metadata(df.select("persona_id", "persona_set", "name", "role"),
                                 by_set=counts(df, "persona_set"))
     )
 
-@dg.asset(group_name="personas", deps=[persona_cards], kinds={"duckdb"})
+@dg.asset(group_name="personas", deps=[persona_cards], kinds={"duckdb"},
+          pool=DUCKDB_POOL, retry_policy=TRANSIENT_RETRY)
 def persona_prompts(store: DuckDBStore) -> dg.MaterializeResult:
     """The system prompt of each persona for each prompting style (roster = its own set)."""
-    cards = [card_from_row(r) for r in store.query("SELECT * FROM personas").to_dict("records")]
+    cards = [card_from_row(r) for r in store.frame("SELECT * FROM personas").to_dicts()]
     rows = []
     for card in cards:
         roster = personas_of_set(cards, card.persona_set)
@@ -42,9 +44,9 @@ def persona_prompts(store: DuckDBStore) -> dg.MaterializeResult:
                 {"persona_id": card.persona_id, "style": style,
                  "system_prompt": system_prompt(card, style, roster)}
             )
-    df = pd.DataFrame(rows)
+    df = pl.DataFrame(rows)
     store.replace("persona_prompts", df)
     return dg.MaterializeResult(
         metadata=table_metadata(df, by_style=counts(df, "style"),
-                                mean_prompt_chars=float(df.system_prompt.str.len().mean()))
+                                mean_prompt_chars=float(df["system_prompt"].str.len_chars().mean()))
     )

@@ -20,6 +20,9 @@ score: differencing removes it, and the bootstrap resamples contexts (clusters),
   way, so an untrained or broken MASCOT never becomes the first champion.
 - Either way at least `min_contexts` paired contexts are required: a percentile bootstrap over 2
   contexts is just [min, max] of two differences, so two lucky positives would pass the CI rule.
+
+Frames are polars; the evaluation and report code still passes pandas, and gets pandas back
+(lib/frames.py).
 """
 
 from __future__ import annotations
@@ -29,8 +32,9 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-import pandas as pd
+import polars as pl
 
+from mascot_dag.lib.frames import like, to_polars
 from mascot_dag.lib.stats import paired_cluster_bootstrap
 from mascot_dag.lib.types import to_100
 
@@ -40,44 +44,53 @@ CHAMPION = "champion"  # eval method: the `champion` alias versions, run like `m
 FIRST_RUN_BASELINE = "zero_shot"  # what the first champion must significantly beat
 
 
-def judge_rows_100(eval_scores: pd.DataFrame) -> pd.DataFrame:
-    """The judge-score rows (levels agent/collective, value not NULL) with `value` on 0-100.
-
-    Raises when a judge value lies outside 1-5: eval_scores stores judges' raw 1-5 scores, and a
-    row already on 0-100 would otherwise be stretched silently.
-    """
-    df = eval_scores[eval_scores["level"].isin(JUDGE_LEVELS)].dropna(subset=["value"]).copy()
-    bad = df[(df["value"] < 1.0) | (df["value"] > 5.0)]
-    if len(bad):
-        r = bad.iloc[0]
+def _judge_rows(eval_scores: pl.DataFrame) -> pl.DataFrame:
+    value = pl.col("value").cast(pl.Float64).fill_nan(None)
+    df = eval_scores.with_columns(value=value).filter(
+        pl.col("level").is_in(JUDGE_LEVELS) & pl.col("value").is_not_null())
+    bad = df.filter((pl.col("value") < 1.0) | (pl.col("value") > 5.0))
+    if bad.height:
+        r = bad.row(0, named=True)
         raise ValueError(
             f"eval_scores row (method={r['method']}, dialogue_id={r['dialogue_id']}, "
             f"judge={r['judge']}, criterion={r['criterion']}) has value {r['value']}; judge scores "
             "must be stored on the judges' 1-5 scale (reports convert them to 0-100)"
         )
-    df["value"] = df["value"].map(to_100)
-    return df
+    return df.with_columns(value=to_100(pl.col("value")))  # linear: an expression maps as a float
 
 
-def criterion_means(eval_scores: pd.DataFrame, method: str) -> pd.Series:
-    """Mean 0-100 score per (level, criterion) of one method (empty when it has no judge rows)."""
-    df = judge_rows_100(eval_scores[eval_scores["method"] == method])
-    return df.groupby(["level", "criterion"])["value"].mean()
+def judge_rows_100(eval_scores):
+    """The judge-score rows (levels agent/collective, value not NULL) with `value` on 0-100.
+
+    Raises when a judge value lies outside 1-5: eval_scores stores judges' raw 1-5 scores, and a
+    row already on 0-100 would otherwise be stretched silently.
+    """
+    return like(_judge_rows(to_polars(eval_scores)), eval_scores)
 
 
-def overall_score(eval_scores: pd.DataFrame, method: str) -> float | None:
+def criterion_means(eval_scores, method: str) -> pl.DataFrame:
+    """Mean 0-100 `value` per (level, criterion) of one method (empty when it has no judge rows)."""
+    df = _judge_rows(to_polars(eval_scores).filter(pl.col("method") == method))
+    return df.group_by("level", "criterion").agg(pl.col("value").mean()).sort("level", "criterion")
+
+
+def overall_score(eval_scores, method: str) -> float | None:
     """Unweighted mean of the method's per-criterion 0-100 means (see module doc); None if none."""
     means = criterion_means(eval_scores, method)
-    return float(means.mean()) if len(means) else None
+    return float(means["value"].mean()) if means.height else None
 
 
-def dialogue_overall(eval_scores: pd.DataFrame) -> pd.DataFrame:
+def _dialogue_overall(eval_scores: pl.DataFrame) -> pl.DataFrame:
+    return (_judge_rows(eval_scores)
+            .group_by("method", "dialogue_id", "level", "criterion").agg(pl.col("value").mean())
+            .group_by("method", "dialogue_id").agg(overall=pl.col("value").mean())
+            .sort("method", "dialogue_id"))
+
+
+def dialogue_overall(eval_scores):
     """Per-dialogue overall scores (method, dialogue_id, overall), same recipe within a dialogue:
     mean over judges per (level, criterion), then the mean of those. Used for bootstrap CIs."""
-    df = judge_rows_100(eval_scores)
-    per_crit = df.groupby(["method", "dialogue_id", "level", "criterion"])["value"].mean()
-    out = per_crit.groupby(["method", "dialogue_id"]).mean().rename("overall").reset_index()
-    return out
+    return like(_dialogue_overall(to_polars(eval_scores)), eval_scores)
 
 
 def _fmt(x: float | None) -> str:
@@ -113,54 +126,65 @@ def context_of(dialogue_id: str, method: str) -> str:
     return dialogue_id[at + len(marker):] if at >= 0 else dialogue_id
 
 
-def with_context(per: pd.DataFrame, dialogues: pd.DataFrame | None = None) -> pd.DataFrame:
+def with_context(per, dialogues=None):
     """`per` (method, dialogue_id, ...) plus a context_id column: from `dialogues` (the table's
     dialogue_id -> context_id) where it knows the dialogue, else parsed from the id."""
     known = {}
     if dialogues is not None and {"dialogue_id", "context_id"} <= set(dialogues.columns):
-        known = dict(zip(dialogues["dialogue_id"], dialogues["context_id"], strict=True))
-    out = per.copy()
-    out["context_id"] = [known.get(d) or context_of(d, m)
-                         for d, m in zip(out["dialogue_id"], out["method"], strict=True)]
-    return out
+        d = to_polars(dialogues)
+        known = dict(zip(d["dialogue_id"].to_list(), d["context_id"].to_list(), strict=True))
+    p = to_polars(per)
+    ids = [known.get(d) or context_of(d, m)
+           for d, m in zip(p["dialogue_id"].to_list(), p["method"].to_list(), strict=True)]
+    return like(p.with_columns(context_id=pl.Series(ids, dtype=pl.String)), per)
 
 
-def pair_methods(per: pd.DataFrame, candidate: str, comparator: str, value: str = "overall"
-                 ) -> pd.DataFrame:
+PAIR_SCHEMA = {"context_id": pl.String, "candidate": pl.Float64, "comparator": pl.Float64,
+               "diff": pl.Float64}
+
+
+def _pair_methods(per: pl.DataFrame, candidate: str, comparator: str, value: str) -> pl.DataFrame:
+    v = pl.col(value).cast(pl.Float64).fill_nan(None)
+    by = (per.filter(pl.col("method").is_in([candidate, comparator]))
+          .with_columns(v).drop_nulls(value)
+          .group_by("method", "context_id").agg(v.mean()))
+
+    def side(method: str, name: str) -> pl.DataFrame:
+        return by.filter(pl.col("method") == method).select("context_id", pl.col(value).alias(name))
+
+    both = side(candidate, "candidate").join(side(comparator, "comparator"), on="context_id")
+    return (both.with_columns(diff=pl.col("candidate") - pl.col("comparator"))
+            .sort("context_id").select(list(PAIR_SCHEMA)).cast(PAIR_SCHEMA))
+
+
+def pair_methods(per, candidate: str, comparator: str, value: str = "overall"):
     """Per-context `value` of two methods on the contexts both have (from `with_context` rows).
 
     Columns: context_id, candidate, comparator, diff (candidate - comparator), sorted by context.
     A context with several dialogues of one method (e.g. several seeds) is averaged first.
     """
-    cols = ["context_id", "candidate", "comparator", "diff"]
-    sel = per[per["method"].isin([candidate, comparator])].dropna(subset=[value])
-    if sel.empty:
-        return pd.DataFrame(columns=cols)
-    by = sel.groupby(["method", "context_id"])[value].mean()
-    present = set(by.index.get_level_values(0))
-    if candidate not in present or comparator not in present:
-        return pd.DataFrame(columns=cols)
-    a, b = by[candidate].rename("candidate"), by[comparator].rename("comparator")
-    both = pd.concat([a, b], axis=1, join="inner").rename_axis("context_id").reset_index()
-    both["diff"] = both["candidate"] - both["comparator"]
-    return both.sort_values("context_id").reset_index(drop=True)[cols]
+    return like(_pair_methods(to_polars(per), candidate, comparator, value), per)
 
 
-def paired_overall(eval_scores: pd.DataFrame, candidate: str, comparator: str) -> pd.DataFrame:
+def _paired_overall(es: pl.DataFrame, candidate: str, comparator: str) -> pl.DataFrame:
+    if es.is_empty():
+        return pl.DataFrame(schema=PAIR_SCHEMA)
+    per = _dialogue_overall(es.filter(pl.col("method").is_in([candidate, comparator])))
+    return _pair_methods(with_context(per), candidate, comparator, "overall")
+
+
+def paired_overall(eval_scores, candidate: str, comparator: str):
     """`pair_methods` of the per-dialogue overall scores (context from the dialogue id)."""
-    if eval_scores.empty:
-        return pd.DataFrame(columns=["context_id", "candidate", "comparator", "diff"])
-    per = dialogue_overall(eval_scores[eval_scores["method"].isin([candidate, comparator])])
-    return pair_methods(with_context(per), candidate, comparator)
+    return like(_paired_overall(to_polars(eval_scores), candidate, comparator), eval_scores)
 
 
 def paired_difference(
-    eval_scores: pd.DataFrame, candidate: str, comparator: str, n_boot: int = 2000, seed: int = 0
+    eval_scores, candidate: str, comparator: str, n_boot: int = 2000, seed: int = 0
 ) -> dict[str, float]:
     """`stats.paired_cluster_bootstrap` of the per-context overall differences (one unit per
     context, clustered by context): {mean, lo, hi, n_units, n_clusters, p_two_sided}."""
-    pairs = paired_overall(eval_scores, candidate, comparator)
-    return paired_cluster_bootstrap(pairs["context_id"].tolist(), pairs["diff"].tolist(),
+    pairs = _paired_overall(to_polars(eval_scores), candidate, comparator)
+    return paired_cluster_bootstrap(pairs["context_id"].to_list(), pairs["diff"].to_list(),
                                     n=n_boot, seed=seed)
 
 
@@ -169,7 +193,7 @@ def _opt(x: float) -> float | None:
 
 
 def gate_decision(
-    eval_scores: pd.DataFrame,
+    eval_scores,
     champion_exists: bool | None = None,
     margin: float = 0.0,
     min_contexts: int = 8,
@@ -186,7 +210,8 @@ def gate_decision(
         raise ValueError(f"margin must be >= 0 points, got {margin}")
     if min_contexts < 1:
         raise ValueError(f"min_contexts must be >= 1, got {min_contexts}")
-    methods = set(eval_scores["method"]) if "method" in eval_scores else set()
+    eval_scores = to_polars(eval_scores)
+    methods = set(eval_scores["method"].to_list()) if "method" in eval_scores.columns else set()
     if champion_exists is None:
         champion_exists = CHAMPION in methods
     comparator = CHAMPION if champion_exists else FIRST_RUN_BASELINE

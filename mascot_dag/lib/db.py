@@ -5,6 +5,10 @@ closed at once) and opening retries briefly while another process holds the lock
 an asset goes through `replace_rows`: delete the asset's (or partition's) old rows and insert the
 new ones in ONE transaction, so a failure leaves the previous rows intact and re-materialising
 never duplicates.
+
+Rows travel as Arrow tables: writes take polars DataFrames (pandas ones are still accepted and
+converted through Arrow, for the modules not yet on polars), `query_pl` reads into polars,
+`query` into pandas (kept for the modules still on pandas; see docs/DESIGN.md "Dataframes").
 """
 
 from __future__ import annotations
@@ -18,6 +22,8 @@ from typing import Any
 
 import duckdb
 import pandas as pd
+import polars as pl
+import pyarrow as pa
 
 SQL_DIR = Path(str(resources.files("mascot_dag") / "sql"))
 
@@ -73,26 +79,56 @@ def connect(
         con.close()
 
 
+Frame = pl.DataFrame | pd.DataFrame
+
+
+def to_arrow(rows: Frame, table: str = "") -> pa.Table:
+    """A polars or pandas frame as an Arrow table (what DuckDB scans without copying row by row).
+
+    pandas object columns holding mixed Python types cannot become one Arrow column: the error
+    names the table and the column instead of Arrow's bare type message.
+    """
+    if isinstance(rows, pl.DataFrame):
+        return rows.to_arrow()
+    if not isinstance(rows, pd.DataFrame):
+        raise TypeError(f"rows for table {table or '?'} must be a polars or pandas DataFrame, "
+                        f"got {type(rows).__name__}")
+    try:
+        return pa.Table.from_pandas(rows, preserve_index=False)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
+        bad = []
+        for col in rows.columns:
+            try:
+                pa.array(rows[col], from_pandas=True)
+            except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
+                bad.append(col)
+        raise ValueError(f"rows for table {table or '?'}: columns {bad or list(rows.columns)} "
+                         f"cannot be converted to Arrow (mixed value types?): {exc}") from exc
+
+
 def replace_rows(
     path: str | Path,
     table: str,
-    rows: pd.DataFrame,
+    rows: Frame,
     where: str | None = None,
     params: list[Any] | None = None,
 ) -> int:
     """Replace `table`'s rows matching `where` (all rows when None) by `rows`, atomically.
 
-    Columns of `rows` are matched to the table by name; missing nullable columns stay NULL.
-    Returns the number of rows inserted.
+    Columns of `rows` (polars, or pandas until phase 2) are matched to the table by name and cast
+    to its column types by DuckDB; missing nullable columns stay NULL. Returns the number of rows
+    inserted.
     """
     return replace_many(path, [(table, rows, where, params)])[0]
 
 
 def replace_many(
-    path: str | Path, changes: list[tuple[str, pd.DataFrame, str | None, list[Any] | None]]
+    path: str | Path, changes: list[tuple[str, Frame, str | None, list[Any] | None]]
 ) -> list[int]:
     """Several (table, rows, where, params) replacements in ONE transaction: a dialogue's rows in
     `dialogues`, `turns` and `directives` change together or not at all."""
+    # Converted before the connection opens: a frame Arrow cannot hold fails with nothing touched.
+    arrows = [to_arrow(rows, table) for table, rows, _, _ in changes]
     with connect(path) as con:
         for table, rows, _, _ in changes:
             cols = [r[0] for r in con.execute(f"DESCRIBE {table}").fetchall()]
@@ -101,12 +137,12 @@ def replace_many(
                 raise ValueError(f"table {table} has no columns {unknown}; it has {cols}")
         con.execute("BEGIN TRANSACTION")
         try:
-            for table, rows, where, params in changes:
+            for (table, rows, where, params), arrow in zip(changes, arrows, strict=True):
                 con.execute(
                     f"DELETE FROM {table}" + (f" WHERE {where}" if where else ""), params or []
                 )
                 if len(rows):
-                    con.register("_incoming", rows)
+                    con.register("_incoming", arrow)
                     names = ", ".join(f'"{c}"' for c in rows.columns)
                     con.execute(f"INSERT INTO {table} ({names}) SELECT {names} FROM _incoming")
                     con.unregister("_incoming")
@@ -117,12 +153,13 @@ def replace_many(
     return [len(rows) for _, rows, _, _ in changes]
 
 
-def upsert_rows(path: str | Path, table: str, rows: pd.DataFrame) -> int:
+def upsert_rows(path: str | Path, table: str, rows: Frame) -> int:
     """Insert rows, replacing any with the same primary key (used by the generation cache)."""
     if not len(rows):
         return 0
+    arrow = to_arrow(rows, table)
     with connect(path) as con:
-        con.register("_incoming", rows)
+        con.register("_incoming", arrow)
         names = ", ".join(f'"{c}"' for c in rows.columns)
         con.execute(f"INSERT OR REPLACE INTO {table} ({names}) SELECT {names} FROM _incoming")
         con.unregister("_incoming")
@@ -130,5 +167,12 @@ def upsert_rows(path: str | Path, table: str, rows: pd.DataFrame) -> int:
 
 
 def query(path: str | Path, sql: str, params: list[Any] | dict | None = None) -> pd.DataFrame:
+    """pandas result, for the modules not yet on polars (phase 2 retires it for `query_pl`)."""
     with connect(path) as con:
         return con.execute(sql, params or []).df()
+
+
+def query_pl(path: str | Path, sql: str, params: list[Any] | dict | None = None) -> pl.DataFrame:
+    """The result as a polars DataFrame (DuckDB hands it over as Arrow)."""
+    with connect(path) as con:
+        return con.execute(sql, params or []).pl()

@@ -1,12 +1,24 @@
 """The director's GRPO rewards (Stage 2): the group judge's score of the block a directive leads to.
 
 Each training prompt is one dialogue state from the rollouts (the director's view just before an
-agent turn). For every sampled directive the chosen agent's next turn is generated for real (with
-its aligned adapter), appended to the last N-1 turns, and the block is scored by the group judge
-on the collective rubric: reward = mean ok score mapped from 1-5 to 0-1. A directive that does not
-parse, names no roster member, or repeats the last speaker when repeats are forbidden gets 0, so
-the director learns valid, varied directives before anything else. A separate format reward (1/0)
-makes validity visible as its own curve.
+agent turn). For every sampled directive the chosen agent's turn is generated for real (with its
+aligned adapter) and the dialogue is rolled forward to `horizon` new turns (`roll_blocks`); the
+block (the new turns, preceded by the last turns of the state when horizon < N) is scored by the
+group judge on the collective rubric: reward = mean ok score mapped from 1-5 to 0-1
+(`block_reward`). horizon = 1 is the cheap form (one new turn after N-1 old ones); horizon = N
+judges a real N-turn block that starts with the directive's turn.
+
+The turns after the directive's own are FIXED, not sampled from a director: the next speaker is the
+engine's fallback rule (least-used allowed persona, `lib.director.fallback_speaker`) with a card
+behaviour as the action, and every turn's sampling seed depends only on the dialogue and position.
+So the completions of one GRPO group share their continuation policy and seeds, and the reward
+differences inside a group come from the directive and what it sets in motion, not from a second
+director's sampling noise; it also costs no director generations. (The policy being trained is not
+reachable from a reward function: TRL holds its weights.)
+
+A directive that does not parse, names no roster member, or repeats the last speaker when repeats
+are forbidden gets 0, so the director learns valid, varied directives before anything else. A
+separate format reward (1/0) makes validity visible as its own curve.
 """
 
 from __future__ import annotations
@@ -22,9 +34,17 @@ from mascot_dag.lib.dialogue import (
     DialogueSpec,
     _agent_request,
     _State,
+    _user_request,
     clean_agent_text,
 )
-from mascot_dag.lib.director import DirectiveError, director_messages, parse_directive
+from mascot_dag.lib.director import (
+    Directive,
+    DirectiveError,
+    director_messages,
+    fallback_directive,
+    fallback_speaker,
+    parse_directive,
+)
 from mascot_dag.lib.judges.base import BlockItem
 from mascot_dag.lib.rewards import completion_text
 from mascot_dag.lib.types import Message
@@ -94,14 +114,78 @@ class DirectiveFormatReward(_Base):
                 for p, c in zip(prompts, completions, strict=True)]
 
 
+def block_reward(scores) -> float | None:
+    """Mean of a block's ok collective scores mapped from 1-5 to 0-1; None when none is ok."""
+    ok = [s.score for s in scores if s.status == "ok" and s.score is not None]
+    return (sum(ok) / len(ok) - 1.0) / 4.0 if ok else None
+
+
+def roll_blocks(
+    jobs: list[tuple[DirectorState, Directive]], generate, config: DialogueConfig, horizon: int
+) -> list[list[dict]]:
+    """Per (state, directive): the `horizon` turns that follow, starting with the directive's
+    agent turn. Later agent turns take the fallback rule's speaker and a card behaviour (see the
+    module docstring); in support mode the simulated user replies after every
+    `config.agents_per_round` agent turns, as in `lib.dialogue.run_dialogues`. Lockstep: one
+    chat call for the agent turns and one for the user turns of all jobs per step."""
+    if horizon < 1:
+        raise ValueError(f"director reward horizon must be >= 1, got {horizon}")
+    sts = [_State(s.spec, turns=[dict(t) for t in s.turns],
+                  n_agent=sum(t["role"] == "agent" for t in s.turns)) for s, _ in jobs]
+    starts = [len(st.turns) for st in sts]
+    agent_next = [True] * len(jobs)
+
+    def new(k: int) -> int:
+        return len(sts[k].turns) - starts[k]
+
+    while active := [k for k in range(len(jobs)) if new(k) < horizon]:
+        agents = [k for k in active if agent_next[k]]
+        users = [k for k in active if not agent_next[k]]
+        reqs, picked = [], []
+        for k in agents:
+            st = sts[k]
+            if new(k) == 0:
+                d = jobs[k][1]
+            else:
+                pid = fallback_speaker(st.spec.roster, st.history(), len(st.turns),
+                                       st.last_agent, config.no_repeat)
+                card = next(c for c in st.spec.roster if c.persona_id == pid)
+                d = fallback_directive(card, st.spec.mode, len(st.turns))
+            card = next(c for c in st.spec.roster if c.persona_id == d.speaker)
+            directive = {"speaker": d.speaker, "action": d.action, "tone": d.tone}
+            reqs.append(_agent_request(st, card, directive, config, len(st.turns)))
+            picked.append(card)
+        for k, card, res in zip(agents, picked, generate(reqs) if reqs else [], strict=True):
+            st = sts[k]
+            st.add("agent", card.persona_id, clean_agent_text(res.text, st.spec.roster), "reward")
+            st.n_agent += 1
+            agent_next[k] = not (st.spec.mode == "support"
+                                 and st.n_agent % config.agents_per_round == 0)
+        ureqs = [_user_request(sts[k], config, len(sts[k].turns)) for k in users]
+        for k, res in zip(users, generate(ureqs) if ureqs else [], strict=True):
+            st = sts[k]
+            st.add("user", "user", clean_agent_text(res.text, st.spec.roster), "reward")
+            agent_next[k] = True
+    return [[{"speaker": t["speaker"], "text": t["text"]} for t in st.turns[start:]]
+            for st, start in zip(sts, starts, strict=True)]
+
+
 class GroupBlockReward(_Base):
-    """Group-judge score (0-1) of the block that ends with the agent turn the directive produced."""
+    """Group-judge score (0-1) of the block that starts with the agent turn the directive produced
+    and runs `horizon` turns forward (see the module docstring); horizon 1 = one new turn after
+    the state's last N-1. `last_blocks` keeps the blocks of the latest call (for inspection)."""
 
     __name__ = "group_block"
 
-    def __init__(self, states, generate, judge, config: DialogueConfig, block_size: int) -> None:
+    def __init__(self, states, generate, judge, config: DialogueConfig, block_size: int,
+                 horizon: int = 1) -> None:
         super().__init__(states, config.no_repeat)
-        self.generate, self.judge, self.config, self.block_size = generate, judge, config, block_size
+        if block_size < 1 or horizon < 1:
+            raise ValueError(f"block_size and director_reward_horizon must be >= 1, got "
+                             f"{block_size} and {horizon}")
+        self.generate, self.judge, self.config = generate, judge, config
+        self.block_size, self.horizon = block_size, horizon
+        self.last_blocks: list[list[dict]] = []
 
     def __call__(self, completions: Sequence[Any], prompts: Sequence[Any], **kwargs: Any):
         jobs, rewards = [], [0.0] * len(completions)
@@ -109,23 +193,19 @@ class GroupBlockReward(_Base):
             state, d = self._directive(p, c)
             if d is not None:
                 jobs.append((i, state, d))
+        self.last_blocks = []
         if not jobs:
             return rewards
-        reqs, cards = [], []
-        for _, state, d in jobs:
-            st = _State(state.spec, turns=list(state.turns))
-            card = next(x for x in state.spec.roster if x.persona_id == d.speaker)
-            directive = {"speaker": d.speaker, "action": d.action, "tone": d.tone}
-            reqs.append(_agent_request(st, card, directive, self.config, len(state.turns)))
-            cards.append(card)
-        results = self.generate(reqs)
+        rolled = roll_blocks([(s, d) for _, s, d in jobs], self.generate, self.config,
+                             self.horizon)
         items = []
-        for (_, state, d), res in zip(jobs, results, strict=True):
-            new = {"speaker": d.speaker, "text": clean_agent_text(res.text, state.spec.roster)}
+        for (_, state, _), new in zip(jobs, rolled, strict=True):
             prev = [{"speaker": t["speaker"], "text": t["text"]} for t in state.turns]
-            block = prev[-(self.block_size - 1):] + [new] if self.block_size > 1 else [new]
+            keep = self.block_size - len(new)  # old turns that pad a short horizon to N
+            block = (prev[-keep:] if keep > 0 else []) + new
             items.append(BlockItem(state.spec.context.text, state.spec.roster, block))
+            self.last_blocks.append(block)
         for (i, _, _), scores in zip(jobs, self.judge.score_blocks(items), strict=True):
-            ok = [s.score for s in scores if s.status == "ok" and s.score is not None]
-            rewards[i] = (sum(ok) / len(ok) - 1.0) / 4.0 if ok else 0.0
+            r = block_reward(scores)
+            rewards[i] = r if r is not None else 0.0
         return rewards

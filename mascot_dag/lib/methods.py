@@ -25,8 +25,10 @@ aligned adapters and the prompting technique, not whether personas were asked fo
 Single-voice methods speak as one generic `ASSISTANT` (`persona_grounding=False`, so their agent
 requests carry `GENERIC_SYSTEM`, which the wrapper rewrites):
 - zero_shot_single (extra, not in `METHODS`): the previous single-assistant zero-shot baseline.
-- multiagent_esc: MultiAgentESC-style (simplified): analysis -> 4 strategy proposals -> final
-  response, each stage ONE batched call; its published pipeline answers with one supporter voice.
+- multiagent_esc: MultiAgentESC-style (lib/esc.py; simplified, see there): complexity gate ->
+  emotion/cause/intention analysis -> votes over the 8 ESConv strategies -> one debate round when
+  there is no majority -> final response, each stage ONE batched call; its published pipeline
+  answers with one supporter voice.
 """
 
 from __future__ import annotations
@@ -106,13 +108,6 @@ FEW_SHOT_EXAMPLES: tuple[tuple[str, str], ...] = (
 )
 COT_BUDGET_FACTOR = 2
 SC_SAMPLES = 3
-ESC_STRATEGIES: tuple[tuple[str, str], ...] = (
-    ("validation", "acknowledging and validating the person's feelings"),
-    ("reframing", "offering a gentler, more balanced way to see the situation"),
-    ("strengths", "pointing out the person's strengths and what they have already done well"),
-    ("practical steps", "suggesting one small, concrete next step"),
-)
-ESC_ANALYST_SYSTEM = "You analyse conversations to understand how the user feels and why."
 ASK_SUFFIX = "Write your next turn."
 
 
@@ -296,57 +291,10 @@ def _transcript(req: ChatRequest) -> str:
 
 
 def _multiagent_esc(generate: ChatFn, reqs: list[ChatRequest]) -> list[ChatResult]:
-    """MultiAgentESC-style: analysis, strategy deliberation, final response (3 batched calls)."""
-    seeds = [r.sampling.seed for r in reqs]
-    talks = [_transcript(r) for r in reqs]
-    analyses = generate(
-        [
-            _with(
-                r,
-                ESC_ANALYST_SYSTEM,
-                f"{t}\n\nIn one short paragraph, describe the user's emotion, its cause and "
-                "their intention.",
-                sampling={"seed": _derived_seed(s, 0)},
-            )
-            for r, t, s in zip(reqs, talks, seeds, strict=True)
-        ]
-    )
-    proposals = generate(
-        [
-            _with(
-                r,
-                f"You are a support expert specialising in {name}: {what}.",
-                f"{t}\n\nAnalysis: {a.text.strip()}\n\nPropose, in one sentence, how the next "
-                f"reply should use {name}.",
-                sampling={"seed": _derived_seed(s, 1 + k)},
-            )
-            for r, t, s, a in zip(reqs, talks, seeds, analyses, strict=True)
-            for k, (name, what) in enumerate(ESC_STRATEGIES)
-        ]
-    )
-    n = len(ESC_STRATEGIES)
-    finals = generate(
-        [
-            _with(
-                r,
-                ZERO_SHOT_SYSTEM,
-                f"{t}\n\nAnalysis: {a.text.strip()}\n\nProposed strategies:\n"
-                + "\n".join(
-                    f"- {name}: {p.text.strip()}"
-                    for (name, _), p in zip(
-                        ESC_STRATEGIES, proposals[i * n : (i + 1) * n], strict=True
-                    )
-                )
-                + f"\n\nCombining the most helpful strategies, {ASK_SUFFIX.lower()}",
-                sampling={"seed": _derived_seed(s, 1 + n)},
-            )
-            for i, (r, t, s, a) in enumerate(zip(reqs, talks, seeds, analyses, strict=True))
-        ]
-    )
-    return [
-        _merge(f, [analyses[i], *proposals[i * n : (i + 1) * n], f], f.text)
-        for i, f in enumerate(finals)
-    ]
+    """MultiAgentESC-style (lib/esc.py): gate, analysis, strategy votes, debate, final reply."""
+    from mascot_dag.lib.esc import multiagent_esc
+
+    return multiagent_esc(generate, reqs, _transcript, ZERO_SHOT_SYSTEM, ASK_SUFFIX)
 
 
 def _identity(generate: ChatFn) -> ChatFn:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from importlib import resources
 from pathlib import Path
 
-import pandas as pd
+import polars as pl
 
 # The paper's method labels -> our eval method names (lib/methods.py).
 PAPER_METHODS = {
@@ -29,17 +29,23 @@ def results_path() -> Path:
     return Path(str(resources.files("mascot_dag") / "data" / "paper" / "results.csv"))
 
 
-def load_published(path: Path | None = None) -> pd.DataFrame:
+def published_table(path: Path | None = None) -> pl.DataFrame:
     """The published table with `method` in our names (unknown labels raise: a silent drop would
     hide a method from the comparison)."""
-    df = pd.read_csv(path or results_path())
+    path = path or results_path()
+    df = pl.read_csv(path, infer_schema_length=None)
     missing = set(COLUMNS) - set(df.columns)
     if missing:
-        raise ValueError(f"paper results lack columns {sorted(missing)}")
-    unknown = set(df["method"]) - set(PAPER_METHODS)
+        raise ValueError(f"{path}: paper results lack columns {sorted(missing)}")
+    unknown = set(df["method"].to_list()) - set(PAPER_METHODS)
     if unknown:
-        raise ValueError(f"paper results name unknown methods {sorted(unknown)}; map them in "
-                         "paper.PAPER_METHODS")
-    df = df[COLUMNS].copy()
-    df["method"] = df["method"].map(PAPER_METHODS)
-    return df
+        raise ValueError(f"{path}: paper results name unknown methods {sorted(unknown)}; map them "
+                         "in paper.PAPER_METHODS")
+    return df.select(COLUMNS).with_columns(
+        pl.col("method").replace_strict(PAPER_METHODS),
+        pl.col("score_0_100").cast(pl.Float64))
+
+
+def load_published(path: Path | None = None):
+    """`published_table` as pandas, for the report (phase 2 removes it)."""
+    return published_table(path).to_pandas()

@@ -8,6 +8,9 @@ not persona. With `cross_persona`, the pool of a context holds the candidates of
 prompt, each judged as p: another persona's voice for the same situation is a natural rejected
 side, and a reward model that must rank it lower has to read the persona tag. The largest-margin
 pairs are kept, `max_per_context` per (context, persona). Failed judgments never count.
+
+Frames are polars; a pandas frame is accepted and answered in pandas (lib/frames.py) while the
+feedback assets still read the store as pandas.
 """
 
 from __future__ import annotations
@@ -15,8 +18,9 @@ from __future__ import annotations
 import hashlib
 from itertools import combinations
 
-import pandas as pd
+import polars as pl
 
+from mascot_dag.lib.frames import like, to_polars
 from mascot_dag.lib.types import Context, Message
 
 
@@ -55,36 +59,45 @@ def candidate_id(context_id: str, persona_id: str, sample_idx: int) -> str:
 PERSONA_CRITERION = "consistency"
 
 
-def mean_scores(judgments: pd.DataFrame, persona_weight: float = 0.2) -> pd.DataFrame:
+def mean_scores(judgments, persona_weight: float = 0.2):
     """judgments (target_id, persona_id, judge, criterion, score, status) -> one row per
     (target_id, persona_id) with `mean_score`: persona_weight x consistency + (1 - persona_weight)
     x the mean of the other criteria, each criterion first averaged over judges; `n_scores` counts
-    the ok scores. 0.2 is the plain mean of the five criteria."""
+    the ok scores. 0.2 is the plain mean of the five criteria. Sorted by (target_id, persona_id)."""
     if not 0 <= persona_weight <= 1:
         raise ValueError(f"persona_weight must be in [0, 1], got {persona_weight}")
-    ok = judgments[(judgments.status == "ok") & judgments.score.notna()]
-    if "persona_id" not in ok.columns:
-        ok = ok.assign(persona_id=None)
+    j = to_polars(judgments)
+    if "persona_id" not in j.columns:
+        j = j.with_columns(persona_id=pl.lit(None, dtype=pl.String))
+    score = pl.col("score").cast(pl.Float64)
+    ok = j.filter((pl.col("status") == "ok") & score.is_not_null() & score.is_not_nan())
     key = ["target_id", "persona_id"]
-    per = ok.groupby([*key, "criterion"], dropna=False).score.mean().unstack("criterion")
-    n = ok.groupby(key, dropna=False).score.count()
-    others = [c for c in per.columns if c != PERSONA_CRITERION]
-    if PERSONA_CRITERION in per.columns and others:
-        score = (persona_weight * per[PERSONA_CRITERION]
-                 + (1 - persona_weight) * per[others].mean(axis=1))
+    per = ok.group_by([*key, "criterion"]).agg(m=score.mean(), n=pl.len())
+    crits = set(per["criterion"].to_list())
+    is_persona = pl.col("criterion") == PERSONA_CRITERION
+    if PERSONA_CRITERION in crits and len(crits) > 1:
+        # A key missing either side gets null and is dropped, as a criterion the judges failed.
+        mean = (persona_weight * pl.col("m").filter(is_persona).mean()
+                + (1 - persona_weight) * pl.col("m").filter(~is_persona).mean())
     else:  # a rubric without the persona criterion (or only it): the plain mean
-        score = per.mean(axis=1)
-    out = pd.DataFrame({"mean_score": score, "n_scores": n}).dropna(subset=["mean_score"])
-    return out.reset_index()
+        mean = pl.col("m").mean()
+    out = (per.group_by(key).agg(mean_score=mean, n_scores=pl.col("n").sum())
+           .drop_nulls("mean_score").sort(key, nulls_last=True))
+    return like(out, judgments)
+
+
+PAIR_SCHEMA = {"pair_id": pl.String, "context_id": pl.String, "persona_id": pl.String,
+               "chosen_id": pl.String, "rejected_id": pl.String, "chosen_score": pl.Float64,
+               "rejected_score": pl.Float64, "margin": pl.Float64}
 
 
 def make_pairs(
-    candidates: pd.DataFrame,
-    scores: pd.DataFrame,
+    candidates,
+    scores,
     delta: float,
     persona: str | None = None,
     max_per_context: int = 0,
-) -> pd.DataFrame:
+):
     """candidates (candidate_id, context_id, persona_id) + scores (target_id[, persona_id],
     mean_score) -> preference_pairs rows for `persona`.
 
@@ -94,43 +107,42 @@ def make_pairs(
     pairs per context, largest margins first (ties: ids)."""
     if delta <= 0:
         raise ValueError(f"preference delta must be > 0 (the method uses 0.5), got {delta}")
+    cands, sc = to_polars(candidates), to_polars(scores)
     if persona is not None:
-        scores = scores[scores.persona_id == persona]
-    scores = scores[["target_id", "mean_score"]]
-    merged = candidates.merge(scores, left_on="candidate_id", right_on="target_id", how="inner")
-    if persona is not None:
-        merged = merged.assign(pool=persona)
-    else:
-        merged = merged.assign(pool=merged.persona_id)
+        sc = sc.filter(pl.col("persona_id") == persona)
+    merged = cands.join(sc.select("target_id", "mean_score"), left_on="candidate_id",
+                        right_on="target_id", how="inner")
+    pool = pl.lit(persona, dtype=pl.String) if persona is not None else pl.col("persona_id")
+    merged = merged.with_columns(pool=pool).sort("context_id", "pool", "candidate_id")
     rows = []
-    for (ctx, pool), group in merged.groupby(["context_id", "pool"], sort=True):
-        items = group.sort_values("candidate_id")[["candidate_id", "mean_score"]].values.tolist()
+    for (ctx, pool), group in merged.group_by(["context_id", "pool"], maintain_order=True):
+        items = group.select("candidate_id", "mean_score").rows()
         found = []
         for (a, sa), (b, sb) in combinations(items, 2):
             if abs(sa - sb) < delta:
                 continue
-            (c, sc), (r, sr) = ((a, sa), (b, sb)) if sa > sb else ((b, sb), (a, sa))
+            (c, sc_), (r, sr) = ((a, sa), (b, sb)) if sa > sb else ((b, sb), (a, sa))
             pid = hashlib.sha1(f"{pool}:{c}>{r}".encode()).hexdigest()[:16]
             found.append(
                 {"pair_id": pid, "context_id": ctx, "persona_id": pool, "chosen_id": c,
-                 "rejected_id": r, "chosen_score": sc, "rejected_score": sr, "margin": sc - sr}
+                 "rejected_id": r, "chosen_score": sc_, "rejected_score": sr, "margin": sc_ - sr}
             )
         found.sort(key=lambda p: (-p["margin"], p["chosen_id"], p["rejected_id"]))
         rows += found[:max_per_context] if max_per_context > 0 else found
-    cols = ["pair_id", "context_id", "persona_id", "chosen_id", "rejected_id",
-            "chosen_score", "rejected_score", "margin"]
-    return pd.DataFrame(rows, columns=cols)
+    return like(pl.DataFrame(rows, schema=PAIR_SCHEMA), candidates)
 
 
-def best_per_context(candidates: pd.DataFrame, scores: pd.DataFrame, persona: str) -> pd.DataFrame:
+def best_per_context(candidates, scores, persona: str):
     """The highest-scoring candidate AS `persona` of each context (any prompt's candidate): the
     persona warm start's SFT targets. Columns: candidate_id, context_id, mean_score."""
-    s = scores[scores.persona_id == persona][["target_id", "mean_score"]]
-    merged = candidates.merge(s, left_on="candidate_id", right_on="target_id", how="inner")
-    merged = merged.sort_values(["context_id", "mean_score", "candidate_id"],
-                                ascending=[True, False, True])
-    return merged.groupby("context_id", sort=True).head(1)[
-        ["candidate_id", "context_id", "mean_score"]].reset_index(drop=True)
+    sc = to_polars(scores).filter(pl.col("persona_id") == persona)
+    merged = to_polars(candidates).join(sc.select("target_id", "mean_score"),
+                                        left_on="candidate_id", right_on="target_id", how="inner")
+    best = (merged.sort(["context_id", "mean_score", "candidate_id"],
+                        descending=[False, True, False])
+            .group_by("context_id", maintain_order=True).head(1)
+            .select("candidate_id", "context_id", "mean_score"))
+    return like(best, candidates)
 
 
 def candidate_seed(seed: int, persona_index: int, sample_idx: int) -> int:

@@ -25,9 +25,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
+import polars as pl
 import yaml
 
+from mascot_dag.lib.frames import like, to_polars
 from mascot_dag.lib.stats import paired_cluster_bootstrap
 
 PROBE_DIR = Path(__file__).resolve().parent.parent / "personas" / "probe"
@@ -112,7 +113,7 @@ class ProbeUnit:
 
 
 def unit_table(units: Sequence[ProbeUnit], base_texts: Sequence[str],
-               adapter_texts: Sequence[str]) -> pd.DataFrame:
+               adapter_texts: Sequence[str]) -> pl.DataFrame:
     """Long table (context_id, persona_id, seed, arm, text), two rows per unit."""
     if not len(units) == len(base_texts) == len(adapter_texts):
         raise ValueError(f"{len(units)} units but {len(base_texts)} base and "
@@ -122,27 +123,44 @@ def unit_table(units: Sequence[ProbeUnit], base_texts: Sequence[str],
         for arm, text in (("base", b), ("adapter", a)):
             rows.append({"context_id": u.context_id, "persona_id": u.persona_id,
                          "seed": u.seed, "arm": arm, "text": text})
-    return pd.DataFrame(rows)
+    return pl.DataFrame(rows, schema={"context_id": pl.String, "persona_id": pl.String,
+                                      "seed": pl.Int64, "arm": pl.String, "text": pl.String})
 
 
-def summarise(table: pd.DataFrame, seed: int = 0) -> pd.DataFrame:
+def summarise(table, seed: int = 0):
     """Per persona and overall ('all'): mean of every measure per arm, the paired difference
     (adapter - base) with its context-clustered 95% CI, n units / contexts, and the share of
-    identical outputs. `table` has the unit_table columns plus one column per measure."""
+    identical outputs. `table` (polars; pandas is answered in pandas) has the unit_table columns
+    plus one column per measure."""
+    t = to_polars(table)
     key = ["context_id", "persona_id", "seed"]
-    wide = table.pivot_table(index=key, columns="arm", values=list(MEASURES), aggfunc="first")
-    texts = table.pivot_table(index=key, columns="arm", values="text", aggfunc="first")
-    wide = wide.reset_index()
-    wide["identical"] = (texts["base"].str.strip() == texts["adapter"].str.strip()).to_numpy()
+    # One row per unit: each arm's measures side by side (a unit missing an arm keeps nulls).
+    sides = [
+        t.filter(pl.col("arm") == arm).unique(key, keep="first", maintain_order=True).select(
+            *key, pl.col("text").alias(f"text_{arm}"),
+            *[pl.col(m).cast(pl.Float64).fill_nan(None).alias(f"{m}_{arm}") for m in MEASURES])
+        for arm in ARMS
+    ]
+    wide = sides[0].join(sides[1], on=key, how="full", coalesce=True).with_columns(
+        identical=(pl.col("text_base").str.strip_chars()
+                   == pl.col("text_adapter").str.strip_chars()).fill_null(False))
     rows = []
-    groups = [("all", wide)] + [(p, g) for p, g in wide.groupby("persona_id", sort=True)]
+    personas = sorted(wide["persona_id"].unique().to_list())
+    groups = [("all", wide)] + [(p, wide.filter(pl.col("persona_id") == p)) for p in personas]
     for persona, g in groups:
-        row: dict = {"persona": persona, "n_units": len(g), "n_contexts": g.context_id.nunique(),
-                     "identical_share": float(g.identical.mean())}
+        row: dict = {"persona": persona, "n_units": g.height,
+                     "n_contexts": g["context_id"].n_unique(),
+                     "identical_share": _mean(g["identical"].cast(pl.Float64))}
         for m in MEASURES:
-            base, adapted = g[(m, "base")].astype(float), g[(m, "adapter")].astype(float)
-            ci = paired_cluster_bootstrap(list(g.context_id), list(adapted - base), seed=seed)
-            row |= {f"{m}_base": float(base.mean()), f"{m}_adapter": float(adapted.mean()),
+            base, adapted = g[f"{m}_base"], g[f"{m}_adapter"]
+            ci = paired_cluster_bootstrap(g["context_id"].to_list(), (adapted - base).to_list(),
+                                          seed=seed)
+            row |= {f"{m}_base": _mean(base), f"{m}_adapter": _mean(adapted),
                     f"{m}_gain": ci["mean"], f"{m}_lo": ci["lo"], f"{m}_hi": ci["hi"]}
         rows.append(row)
-    return pd.DataFrame(rows)
+    return like(pl.DataFrame(rows), table)
+
+
+def _mean(values: pl.Series) -> float:
+    m = values.mean()
+    return float("nan") if m is None else float(m)

@@ -20,8 +20,11 @@ import numpy as np
 import pandas as pd
 
 from mascot_dag.lib.champion import dialogue_overall, judge_rows_100, overall_score
+from mascot_dag.lib.director_eval import report_section as director_section
+from mascot_dag.lib.human_stats import human_section
 from mascot_dag.lib.metrics import METRICS
 from mascot_dag.lib.paper import load_published, results_path
+from mascot_dag.lib.report_conditions import condition_section, persona_mbti_section
 from mascot_dag.lib.report_sections import (
     PAIRED_NOTE,
     breakdown_section,
@@ -33,7 +36,7 @@ from mascot_dag.lib.report_sections import (
     per_dialogue_items,
     save_png,
 )
-from mascot_dag.lib.stats import bootstrap_ci, judge_agreement, mean_std
+from mascot_dag.lib.stats import bootstrap_ci, mean_std
 from mascot_dag.lib.types import AGENT_CRITERIA, COLLECTIVE_CRITERIA
 
 SCORE_COLUMNS = [
@@ -65,6 +68,10 @@ class ReportInputs:
     title: str = "MASCOT evaluation report"
     contexts: pd.DataFrame | None = None  # `contexts` rows (context_id, source, valence, domain)
     paper_results: Path | None = field(default_factory=results_path)  # None: no paper section
+    turn_scores: pd.DataFrame | None = None  # `eval_turn_scores` rows (per-persona tables)
+    human_ratings: pd.DataFrame | None = None  # `human_ratings` rows (None/empty: not rated)
+    human_choices: pd.DataFrame | None = None  # `human_choices` rows
+    director_comparison: pd.DataFrame | None = None  # `director_comparison` rows
 
 
 @dataclass
@@ -230,10 +237,13 @@ def _agreement_section(scores: pd.DataFrame) -> list[str]:
     if len(judges) < 2:
         only = judges[0] if judges else "none"
         return lines + [f"n/a (needs two judges; only {only} scored)", ""]
-    agr = judge_agreement(scores)
-    rows = [[r.judge_a, r.judge_b, r.criterion, r.n_items,
-             "n/a (< 3 items or constant)" if r.spearman is None or pd.isna(r.spearman)
-             else f"{r.spearman:.2f}"] for r in agr.itertuples()]  # fmt: skip
+    from mascot_dag.lib.judges.agreement import agreement
+
+    # items: one dialogue's value at one level and criterion; failed judgments (NULL) left out
+    agr = agreement(scores[scores["level"] != "automatic"], ["method", "dialogue_id", "level"])
+    rows = [[r.judge_a, r.judge_b, r.criterion, r.n,
+             f"n/a ({r.note})" if pd.isna(r.rho) else f"{r.rho:.2f}"]
+            for r in agr.itertuples()]  # fmt: skip
     return lines + _table(["judge A", "judge B", "criterion", "items", "spearman"], rows)
 
 
@@ -337,13 +347,17 @@ def build_report(data: ReportInputs, out_dir: Path) -> ReportResult:
     lines += paired_section(items, methods, rubrics)
     lines += _criteria_section(scores, judge, methods, out_dir, plots)
     lines += _ablation_section(scores, judge, items)
+    lines += condition_section(items, data.contexts, methods, rubrics)
     lines += breakdown_section(items, data.contexts, methods, rubrics)
     published = load_published(data.paper_results) if data.paper_results else None
     lines += paper_section(items, data.contexts, published, out_dir, plots)
     lines += _mbti_section(per, dialogues, methods, out_dir, plots)
+    lines += persona_mbti_section(data.turn_scores, dialogues, out_dir, plots)
     lines += _agreement_section(scores)
     lines += _automatic_section(scores, methods)
     lines += _winrate_section(data.win_rates, out_dir, plots)
+    lines += human_section(data.human_ratings, data.human_choices, scores, methods)
+    lines += director_section(data.director_comparison)
     lines += ["## Provenance", ""]
     lines += (_bullets(data.provenance) or ["n/a (no provenance given)"]) + [""]
     lines += ["## Champion decision", ""]

@@ -5,23 +5,31 @@ simulated user (the 16 MBTI profiles, assigned round-robin in context order so e
 used as evenly as the data allows); meeting-mode dialogues come from QMSum contexts with the
 workplace roster. Seeds derive from the context id only, so every evaluation method sees the same
 contexts, users and seeds.
+
+Rows are polars frames (`record_tables`); `record_frames` hands them over as pandas to the
+collaboration assets until they move to polars (docs/DESIGN.md "Dataframes").
 """
 
 from __future__ import annotations
 
 import hashlib
 
-import pandas as pd
+import polars as pl
 
 from mascot_dag.lib.dialogue import DialogueRecord, DialogueSpec
+from mascot_dag.lib.frames import to_polars
 from mascot_dag.lib.personas import PersonaCard
 from mascot_dag.lib.types import Context
 from mascot_dag.lib.users import UserProfile
 
-DIALOGUE_COLUMNS = ["dialogue_id", "stage", "method", "context_id", "mode", "user_profile",
-                    "seed", "n_turns", "models"]
-TURN_COLUMNS = ["dialogue_id", "turn_idx", "role", "speaker", "text", "model_used"]
-DIRECTIVE_COLUMNS = ["dialogue_id", "turn_idx", "speaker", "action", "tone", "status", "raw_output"]
+_STR, _INT = pl.String, pl.Int64
+DIALOGUE_SCHEMA = {"dialogue_id": _STR, "stage": _STR, "method": _STR, "context_id": _STR,
+                   "mode": _STR, "user_profile": _STR, "seed": _INT, "n_turns": _INT,
+                   "models": _STR}
+TURN_SCHEMA = {"dialogue_id": _STR, "turn_idx": _INT, "role": _STR, "speaker": _STR,
+               "text": _STR, "model_used": _STR}
+DIRECTIVE_SCHEMA = {"dialogue_id": _STR, "turn_idx": _INT, "speaker": _STR, "action": _STR,
+                    "tone": _STR, "status": _STR, "raw_output": _STR}
 
 
 def context_seed(context_id: str, base: int = 0) -> int:
@@ -52,21 +60,33 @@ def build_specs(
     return specs
 
 
-def record_frames(records: list[DialogueRecord]) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
-    dialogues = pd.DataFrame([r.dialogue for r in records], columns=DIALOGUE_COLUMNS)
-    turns = pd.DataFrame([t for r in records for t in r.turns], columns=TURN_COLUMNS)
-    directives = pd.DataFrame([d for r in records for d in r.directives], columns=DIRECTIVE_COLUMNS)
+def record_tables(records: list[DialogueRecord]
+                  ) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
+    """(dialogues, turns, directives) rows of the records, in the tables' column order."""
+    dialogues = pl.DataFrame([r.dialogue for r in records], schema=DIALOGUE_SCHEMA)
+    turns = pl.DataFrame([t for r in records for t in r.turns], schema=TURN_SCHEMA)
+    directives = pl.DataFrame([d for r in records for d in r.directives], schema=DIRECTIVE_SCHEMA)
     return dialogues, turns, directives
 
 
-def records_from_frames(
-    dialogues: pd.DataFrame, turns: pd.DataFrame, directives: pd.DataFrame
-) -> list[DialogueRecord]:
-    """Rebuild records from the tables (turns in order) for judging and director training."""
-    by_turns = {k: g.sort_values("turn_idx").to_dict("records") for k, g in turns.groupby("dialogue_id")}
-    by_dir = {k: g.sort_values("turn_idx").to_dict("records")
-              for k, g in directives.groupby("dialogue_id")} if len(directives) else {}
+def record_frames(records: list[DialogueRecord]) -> tuple:
+    """`record_tables` as pandas frames, for the collaboration assets (phase 2 removes it)."""
+    return tuple(t.to_pandas() for t in record_tables(records))
+
+
+def records_from_frames(dialogues, turns, directives) -> list[DialogueRecord]:
+    """Rebuild records from the tables (turns in order) for judging and director training.
+    Frames are polars or pandas; row values come back as Python values (None for NULL)."""
+    def by_dialogue(rows) -> dict[str, list[dict]]:
+        rows = to_polars(rows)
+        if rows.is_empty():
+            return {}
+        return {k: g.sort("turn_idx").to_dicts()
+                for (k,), g in rows.group_by("dialogue_id", maintain_order=True)}
+
+    by_turns, by_dir = by_dialogue(turns), by_dialogue(directives)
     return [
-        DialogueRecord(row, by_turns.get(row["dialogue_id"], []), by_dir.get(row["dialogue_id"], []))
-        for row in dialogues.to_dict("records")
+        DialogueRecord(row, by_turns.get(did, []), by_dir.get(did, []))
+        for row in to_polars(dialogues).to_dicts()
+        for did in [row["dialogue_id"]]
     ]

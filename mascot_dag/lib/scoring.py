@@ -19,6 +19,7 @@ from mascot_dag.lib.judges.base import BlockItem, ResponseItem
 from mascot_dag.lib.metrics import compute_metrics, metric_rows
 
 COLUMNS = ["method", "dialogue_id", "level", "judge", "criterion", "value", "higher_is_better"]
+TURN_COLUMNS = ["method", "dialogue_id", "turn_idx", "speaker", "judge", "criterion", "value"]
 
 
 def _mean_rows(method, did, level, judge_name, per_criterion: dict[str, list]) -> list[dict]:
@@ -32,7 +33,10 @@ def _mean_rows(method, did, level, judge_name, per_criterion: dict[str, list]) -
 
 
 def score_dialogues(dialogues, turns, context_text, cards, rosters, judges, block_size,
-                    embed=None, identifier=None) -> pd.DataFrame:
+                    embed=None, identifier=None, turn_rows: list | None = None) -> pd.DataFrame:
+    """Per-dialogue rows (COLUMNS). `turn_rows`, when a list, receives one dict per (agent turn,
+    judge, criterion) of the agent-level rubric (TURN_COLUMNS): the per-persona breakdowns
+    (persona x simulated-user MBTI) need scores by speaker, which dialogue means lose."""
     by_dialogue = {k: g.sort_values("turn_idx") for k, g in turns.groupby("dialogue_id")}
     resp_items, resp_keys, block_items, block_keys = [], [], [], []
     for d in dialogues.itertuples():
@@ -47,13 +51,13 @@ def score_dialogues(dialogues, turns, context_text, cards, rosters, judges, bloc
                 card = cards[t.speaker]
                 r = roster if card in roster else roster + [card]
                 resp_items.append(ResponseItem(text, card, r, t.text, list(history)))
-                resp_keys.append((d.method, d.dialogue_id))
+                resp_keys.append((d.method, d.dialogue_id, t.turn_idx, t.speaker))
             history.append(t.text)
         for block in blocks(g[["speaker", "text"]].to_dict("records"), block_size):
             speakers = {x["speaker"] for x in block}
             extra = [cards[s] for s in speakers if s in cards and cards[s] not in roster]
             block_items.append(BlockItem(text, roster + extra, block))
-            block_keys.append((d.method, d.dialogue_id))
+            block_keys.append((d.method, d.dialogue_id, None, None))
     rows = []
     for judge in judges:
         for level, items, keys, fn in (("agent", resp_items, resp_keys, judge.score_responses),
@@ -61,7 +65,11 @@ def score_dialogues(dialogues, turns, context_text, cards, rosters, judges, bloc
             acc: dict[tuple, dict[str, list]] = defaultdict(lambda: defaultdict(list))
             for key, scores in zip(keys, fn(items) if items else [], strict=True):
                 for s in scores:
-                    acc[key][s.criterion].append(s.score if s.status == "ok" else None)
+                    value = s.score if s.status == "ok" else None
+                    acc[key[:2]][s.criterion].append(value)
+                    if turn_rows is not None and level == "agent":
+                        turn_rows.append(dict(zip(TURN_COLUMNS, (*key, judge.name, s.criterion,
+                                                                 value), strict=True)))
             for (method, did), per in acc.items():
                 rows += _mean_rows(method, did, level, judge.name, per)
     for d in dialogues.itertuples():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict
 
-import pandas as pd
+import polars as pl
 
 from mascot_dag.lib.personas import PersonaCard
 from mascot_dag.lib.types import Context, Score
@@ -13,14 +13,15 @@ from mascot_dag.lib.types import Context, Score
 CONTEXT_JSON_COLUMNS = ("turns", "queries")
 
 
-def contexts_frame(contexts: list[Context]) -> pd.DataFrame:
+def contexts_frame(contexts: list[Context]) -> pl.DataFrame:
     rows = []
     for c in contexts:
         row = asdict(c)
         for col in CONTEXT_JSON_COLUMNS:
             row[col] = json.dumps(row[col], ensure_ascii=False)
         rows.append(row)
-    return pd.DataFrame(rows, columns=list(Context.__dataclass_fields__))
+    # Every field is text (JSON for the lists); an explicit schema also fixes the column order.
+    return pl.DataFrame(rows, schema=dict.fromkeys(Context.__dataclass_fields__, pl.String))
 
 
 def context_from_row(row: dict) -> Context:
@@ -31,8 +32,8 @@ def context_from_row(row: dict) -> Context:
     return Context(**data)
 
 
-def personas_frame(cards: list[PersonaCard], source_files: dict[str, str]) -> pd.DataFrame:
-    return pd.DataFrame(
+def personas_frame(cards: list[PersonaCard], source_files: dict[str, str]) -> pl.DataFrame:
+    return pl.DataFrame(
         [
             {
                 **c.model_dump(exclude={"behaviours", "avoid", "examples"}),

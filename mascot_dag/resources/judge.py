@@ -60,3 +60,70 @@ class LLMJudgeResource(dg.ConfigurableResource):
                     max_new_tokens=self.max_new_tokens,
                 )
             return self._judge
+
+
+class JudgePanelResource(dg.ConfigurableResource):
+    """The profile's judges, side by side: every judge-consuming asset scores with each of them
+    and stores one row per judge; `training_judge` and `three_way_judge` say which signal trains
+    and which picks in the three-way comparisons (lib/judges/panel.py, metric_picker.py).
+
+    Dagster nests resources only as direct (or Optional) fields, not inside a list, so the panel
+    has one optional slot per judge kind; `judges()` is the list, in slot order."""
+
+    embedded: EmbeddedJudgeResource | None = Field(
+        default=None, description="The deterministic embedded judge; None leaves it out."
+    )
+    llm: LLMJudgeResource | None = Field(
+        default=None, description="An LLM rubric judge (OpenAI-compatible endpoint or local)."
+    )
+    training_judge: str = Field(
+        default="mean",
+        description="The one score training uses (preference pairs, warm start, director "
+        "reward, persona probe): 'mean' = per criterion the mean over judges of their ok "
+        "scores, or a judge name (e.g. 'embedded') so that only it trains.",
+    )
+    three_way_judge: str = Field(
+        default="metric",
+        description="Who picks the best of three dialogues: a judge name of the panel, 'mean' "
+        "(the panel's majority), or 'metric' (reference-classifier identifiability, distinct-2, "
+        "low redundancy: shares nothing with the embedded judge that trains MASCOT).",
+    )
+
+    def judges(self) -> list:
+        """The lib judges of the panel (built once each), names unique."""
+        from mascot_dag.lib.judges.panel import check_unique
+
+        out = [r.judge() for r in (self.embedded, self.llm) if r is not None]
+        if not out:
+            raise ValueError("JudgePanelResource has no judge: set `embedded` and/or `llm`")
+        check_unique(out)
+        return out
+
+    def training(self):
+        """The judge whose scores train (a MeanJudge over the panel for 'mean')."""
+        from mascot_dag.lib.judges.panel import training_judge
+
+        return training_judge(self.judges(), self.training_judge)
+
+    def picker(self):
+        """The three-way picker: `.pick_best(context_text, options)` and `.name`."""
+        from mascot_dag.lib.judges.metric_picker import MetricPicker
+        from mascot_dag.lib.judges.panel import MEAN, MeanJudge
+
+        if self.three_way_judge == MetricPicker.name:
+            return _shared_picker()
+        judges = self.judges()
+        if self.three_way_judge == MEAN:
+            return MeanJudge(judges)
+        for j in judges:
+            if j.name == self.three_way_judge:
+                return j
+        raise ValueError(f"three_way_judge {self.three_way_judge!r} is not in the panel "
+                         f"{[j.name for j in judges]}; use one of them, 'mean' or 'metric'")
+
+
+@functools.lru_cache(maxsize=1)
+def _shared_picker():
+    from mascot_dag.lib.judges.metric_picker import MetricPicker
+
+    return MetricPicker()

@@ -128,7 +128,36 @@ class LineageSettings(dg.ConfigurableResource):
     )
     block_size: int = Field(default=4, description="N: turns per judged block.")
     director_steps: int = Field(default=2, description="GRPO steps for the director.")
+    director_reward_horizon: int = Field(
+        default=1,
+        description="Turns the director's GRPO reward rolls forward from a directive before the "
+        "group judge scores the block: 1 = the directive's turn after N-1 old turns (cheap: "
+        "embedded/tiny), block_size = a real N-turn block (study/paper). See docs/DESIGN.md.",
+    )
+    director_learning_rate: float | None = Field(
+        default=None, description="Director GRPO learning rate (None = grpo_learning_rate)."
+    )
+    director_lora_targets: str | None = Field(
+        default=None, description="Director LoRA target modules (None = lora_targets)."
+    )
+    director_compare_contexts: int = Field(
+        default=1, description="Held-out contexts per mode in director_comparison (0 = all)."
+    )
+    director_compare_seeds: int = Field(
+        default=2, description="Seeds per context in director_comparison (paired units)."
+    )
     eval_contexts: int = Field(default=1, description="Eval contexts per mode (0 = all).")
+    ood_valences: list[str] = Field(
+        default=[],
+        description="Out-of-domain condition: ED valences (positive | negative | neutral) or ED "
+        "emotion labels whose contexts are never trained on (split 'ood') and are evaluated as "
+        "the OOD condition (eval_contexts per mode more). Empty: no OOD condition.",
+    )
+    ood_domains: list[str] = Field(
+        default=[],
+        description="Out-of-domain condition: QMSum domains (academic | committee | product) held "
+        "out the same way.",
+    )
     gate_margin: float = Field(
         default=0.0,
         description="Champion gate: the paired CI of (candidate - comparator) overall score, "

@@ -6,6 +6,7 @@ from typing import Any
 
 import dagster as dg
 import pandas as pd
+import polars as pl
 from pydantic import Field
 
 from mascot_dag.lib import db
@@ -13,7 +14,10 @@ from mascot_dag.lib.home import Home
 
 
 class DuckDBStore(dg.ConfigurableResource):
-    """Every asset writes its table through `replace`: one transaction per asset or partition."""
+    """Every asset writes its table through `replace`: one transaction per asset or partition.
+
+    Writes take polars DataFrames (pandas still accepted, converted through Arrow); `frame` reads
+    into polars, `query` into pandas for the modules not yet migrated (docs/DESIGN.md)."""
 
     path: str = Field(
         default="",
@@ -25,15 +29,20 @@ class DuckDBStore(dg.ConfigurableResource):
         return self.path or str(Home.from_env().duckdb)
 
     def replace(
-        self, table: str, rows: pd.DataFrame, where: str | None = None, params: list | None = None
+        self, table: str, rows: db.Frame, where: str | None = None, params: list | None = None
     ) -> int:
         return db.replace_rows(self.db_path, table, rows, where, params)
 
-    def replace_many(self, changes: list[tuple[str, pd.DataFrame, str | None, list | None]]) -> list[int]:
+    def replace_many(
+        self, changes: list[tuple[str, db.Frame, str | None, list | None]]
+    ) -> list[int]:
         return db.replace_many(self.db_path, changes)
 
-    def upsert(self, table: str, rows: pd.DataFrame) -> int:
+    def upsert(self, table: str, rows: db.Frame) -> int:
         return db.upsert_rows(self.db_path, table, rows)
 
     def query(self, sql: str, params: list[Any] | dict | None = None) -> pd.DataFrame:
         return db.query(self.db_path, sql, params)
+
+    def frame(self, sql: str, params: list[Any] | dict | None = None) -> pl.DataFrame:
+        return db.query_pl(self.db_path, sql, params)

@@ -6,7 +6,7 @@ CREATE TABLE IF NOT EXISTS contexts (
     context_id   VARCHAR PRIMARY KEY,
     source       VARCHAR NOT NULL,      -- empatheticdialogues | qmsum
     domain       VARCHAR NOT NULL,      -- emotional_support | academic | committee | product
-    split        VARCHAR NOT NULL,      -- train | eval
+    split        VARCHAR NOT NULL,      -- train | eval | ood (held out: lib/split.py)
     situation    VARCHAR NOT NULL,      -- ED situation (prompt) / QMSum topic
     text         VARCHAR NOT NULL,      -- what the agents are shown
     emotion      VARCHAR,
@@ -161,6 +161,19 @@ CREATE TABLE IF NOT EXISTS eval_scores (
     PRIMARY KEY (method, dialogue_id, level, judge, criterion)
 );
 
+-- Agent-level judge scores per agent turn (eval_scores holds their dialogue means): what the
+-- report's persona x simulated-user (MBTI) table needs, since a dialogue mixes personas.
+CREATE TABLE IF NOT EXISTS eval_turn_scores (
+    method           VARCHAR NOT NULL,
+    dialogue_id      VARCHAR NOT NULL,
+    turn_idx         INTEGER NOT NULL,
+    speaker          VARCHAR NOT NULL,  -- persona_id or 'assistant'
+    judge            VARCHAR NOT NULL,
+    criterion        VARCHAR NOT NULL,
+    value            DOUBLE,            -- 1-5; NULL when the judgment failed
+    PRIMARY KEY (dialogue_id, turn_idx, judge, criterion)
+);
+
 CREATE TABLE IF NOT EXISTS comparisons (
     comparison_id  VARCHAR PRIMARY KEY,
     context_id     VARCHAR NOT NULL,
@@ -168,4 +181,61 @@ CREATE TABLE IF NOT EXISTS comparisons (
     shown_order    JSON NOT NULL,       -- methods in the order the judge saw them
     winner         VARCHAR,             -- NULL when the judge failed
     status         VARCHAR NOT NULL
+);
+
+-- Blind human evaluation (`mascot rate`, lib/human.py): per rater, one three-way item (an eval
+-- context with MASCOT and two other methods, as in `comparisons`) gets a 1-5 score per dialogue
+-- and criterion, and one best pick. A re-submission replaces the rater's rows for that item in
+-- both tables in one transaction.
+CREATE TABLE IF NOT EXISTS human_ratings (
+    item_id        VARCHAR NOT NULL,    -- <context_id>:<k>, the comparison id without its judge
+    rater          VARCHAR NOT NULL,    -- name or token the rater gave
+    dialogue_id    VARCHAR NOT NULL,
+    method         VARCHAR NOT NULL,    -- hidden from the rater
+    context_id     VARCHAR NOT NULL,
+    level          VARCHAR NOT NULL,    -- agent | collective
+    criterion      VARCHAR NOT NULL,
+    score          INTEGER NOT NULL CHECK (score BETWEEN 1 AND 5),
+    shown_position INTEGER NOT NULL,    -- 0, 1, 2 = shown as A, B, C to this rater
+    submitted_at   TIMESTAMP DEFAULT current_timestamp,
+    PRIMARY KEY (item_id, rater, dialogue_id, criterion)
+);
+
+CREATE TABLE IF NOT EXISTS human_choices (
+    item_id          VARCHAR NOT NULL,
+    rater            VARCHAR NOT NULL,
+    context_id       VARCHAR NOT NULL,
+    shown_order      JSON NOT NULL,     -- methods in the order this rater saw them (A, B, C)
+    best_dialogue_id VARCHAR NOT NULL,
+    best_method      VARCHAR NOT NULL,
+    comment          VARCHAR,
+    submitted_at     TIMESTAMP DEFAULT current_timestamp,
+    PRIMARY KEY (item_id, rater)
+);
+
+-- Trained vs base director (director_comparison, lib/director_eval.py): one row per unit (a
+-- held-out context x seed, same opening, users and seeds in both arms) and arm (base | trained).
+-- Rates are shares of the unit's director decisions; group_reward is the group judge's
+-- collective score on 0-1 (the director GRPO reward's scale), mean over the dialogue's blocks.
+CREATE TABLE IF NOT EXISTS director_comparison (
+    dialogue_id       VARCHAR NOT NULL,   -- dircmp:s<k>:<context_id>
+    context_id        VARCHAR NOT NULL,
+    mode              VARCHAR NOT NULL,
+    seed              INTEGER NOT NULL,
+    arm               VARCHAR NOT NULL,   -- base | trained
+    director          VARCHAR NOT NULL,   -- adapter name (mascot-director@vN) or base
+    decisions         INTEGER NOT NULL,
+    ok_first          INTEGER NOT NULL,
+    retried           INTEGER NOT NULL,
+    fallback          INTEGER NOT NULL,
+    valid_first       DOUBLE,
+    retry_rate        DOUBLE,
+    fallback_rate     DOUBLE,
+    distinct_speakers DOUBLE,
+    speaker_entropy   DOUBLE,             -- bits
+    group_reward      DOUBLE,             -- 0-1; NULL when the judge failed every block
+    blocks            INTEGER NOT NULL,
+    speakers          JSON NOT NULL,      -- agent speakers in turn order
+    statuses          JSON NOT NULL,      -- directive statuses in turn order
+    PRIMARY KEY (dialogue_id, arm)
 );

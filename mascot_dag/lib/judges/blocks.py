@@ -1,7 +1,10 @@
 """Collective (block-level) scores of the embedded judge: the 4 COLLECTIVE_CRITERIA of one dialogue.
 
-Separate from embedded.py only to keep files short; it uses the judge's cached embeddings and its
-per-turn fidelity. Formulas are on [0, 1] and mapped to 1 + 4x; rationales carry the raw numbers.
+Separate from embedded.py only to keep files short; it uses the judge's cached embeddings and
+persona centroids. Fidelity here is a block-level measurement (`block_fidelity`: each speaker's
+block text against its card AND against the other speakers), not the mean of the agent-level
+per-turn consistency. Formulas are on [0, 1] and mapped to 1 + 4x; rationales carry the raw
+numbers.
 """
 
 from __future__ import annotations
@@ -32,12 +35,13 @@ def score_block(judge: EmbeddedJudge, item: BlockItem, ctx: str) -> list[Score]:
     cos = judge._cos
 
     fids, novs, specs, rels, contrib, echoes, missing = [], [], [], [], [], 0, set()
+    broken_idx: set[int] = set()
     ctx_words = F.content_words(ctx)
     for i in agent_idx:
         speaker, text = turns[i]
         earlier = texts[:i]
         if not text.strip():
-            fids.append(0.0)
+            fids.append(i)  # an empty turn counts in its speaker's share of valid turns
             novs.append(0.0)
             specs.append(0.0)
             rels.append(0.0)
@@ -47,9 +51,8 @@ def score_block(judge: EmbeddedJudge, item: BlockItem, ctx: str) -> list[Score]:
         others = [c.name for pid, c in cards.items() if pid != speaker] + ["User"]
         broken = broken or F.speaks_for_other(text, others) is not None
         if speaker in cards:
-            # per-turn fidelity: margin over the roster, relevance-gated, copy-penalised
-            fid = judge._fidelity(text, cards[speaker], item.roster, ctx)["value"]
-            fids.append(0.0 if broken else fid)
+            fids.append(i)
+            broken_idx.update({i} if broken else set())
         else:
             missing.add(speaker)
         novs.append(judge._novelty(text, [e for e in earlier if e.strip()], ctx))
@@ -65,16 +68,11 @@ def score_block(judge: EmbeddedJudge, item: BlockItem, ctx: str) -> list[Score]:
     n = len(agent_idx)
     out: list[Score] = []
 
-    # fidelity = mean per-turn fidelity of agent turns whose speaker has a card
+    # fidelity: a BLOCK-level measurement (block_fidelity), not the mean of per-turn consistency
     if fids:
         note = f"; no card for {sorted(missing)}" if missing else ""
-        out.append(
-            _to_score(
-                "fidelity",
-                sum(fids) / len(fids),
-                f"mean_turn_fidelity={sum(fids) / len(fids):.3f} over {len(fids)} turns{note}",
-            )
-        )
+        value, why = block_fidelity(judge, turns, fids, broken_idx, cards, item.roster, ctx)
+        out.append(_to_score("fidelity", value, why + note))
     else:
         out.append(
             Score(
@@ -121,3 +119,76 @@ def score_block(judge: EmbeddedJudge, item: BlockItem, ctx: str) -> list[Score]:
         )
     )
     return out
+
+
+DISTINCT_LO, DISTINCT_HI = 0.6, 0.95  # cos of two speakers' block texts: 0.95+ = same voice
+
+
+def block_fidelity(judge: EmbeddedJudge, turns: list[tuple[str, str]], idx: list[int],
+                   broken: set[int], cards: dict, roster: list, ctx: str) -> tuple[float, str]:
+    """Collective Fidelity of one block on [0, 1]: does each speaker stay true to its own card
+    ACROSS the block, and distinct from the OTHER speakers in it?
+
+    Per speaker s (turns `idx` with a card): v_s = unit mean of its valid turns' vectors (valid:
+    non-empty, no role break); card_s = the persona margin of v_s over the roster's other cards
+    (as in `_fidelity`: 0.5 + margin / (2 MARGIN_SCALE), relevance-gated, copy-penalised) x the
+    share of s's turns that are valid.
+    Per pair (s, t): sep = 0.5 + swap / (2 MARGIN_SCALE), swap = mean of (cos(v_s, c_s) -
+    cos(v_s, c_t)) and (cos(v_t, c_t) - cos(v_t, c_s)): would swapping the two speakers' names fit
+    the cards worse? dist = 1 - ramp(cos(v_s, v_t), DISTINCT_LO, DISTINCT_HI): do they sound
+    alike? pair = sep x dist. Two speakers who say the same thing get pair ~0 even when each
+    turn, read alone, fits its card.
+    value = mean card_s with one speaker; else 0.5 mean card_s + 0.5 mean pair.
+    """
+    import numpy as np
+
+    from mascot_dag.lib.judges.embedded import (
+        GATE_HI,
+        GATE_LO,
+        GENERIC_ASSISTANT,
+        MARGIN_SCALE,
+        _clip01,
+        _ramp,
+        _unit,
+    )
+
+    by_speaker: dict[str, list[int]] = {}
+    for i in idx:
+        by_speaker.setdefault(turns[i][0], []).append(i)
+    vecs, card_parts = {}, []
+    ctx_v = judge._v(ctx)
+    for s, ii in by_speaker.items():
+        valid = [turns[i][1] for i in ii if turns[i][1].strip() and i not in broken]
+        if not valid:
+            card_parts.append(0.0)
+            continue
+        v = _unit(np.mean([judge._v(t) for t in valid], axis=0))
+        vecs[s] = v
+        p = judge._persona(cards[s])
+        others = [c for c in roster if c.persona_id != s]
+        other = (max(float(v @ judge._persona(c).centroid) for c in others) if others
+                 else max(float(v @ judge._v(g)) for g in GENERIC_ASSISTANT))
+        fid = _clip01(0.5 + (float(v @ p.centroid) - other) / (2 * MARGIN_SCALE))
+        gate = _ramp(float(v @ ctx_v), GATE_LO, GATE_HI)
+        copy = min(0.6, 0.15 * sum(F.copied_grams(t, p.grams) for t in valid) / len(valid))
+        card_parts.append(_clip01(fid * (0.1 + 0.9 * gate) - copy) * len(valid) / len(ii))
+    card = sum(card_parts) / len(card_parts)
+    speakers = sorted(vecs)
+    pairs, seps, sims = [], [], []
+    for a in range(len(speakers)):
+        for b in range(a + 1, len(speakers)):
+            s, t = speakers[a], speakers[b]
+            cs, ct = judge._persona(cards[s]).centroid, judge._persona(cards[t]).centroid
+            swap = (float(vecs[s] @ cs - vecs[s] @ ct) + float(vecs[t] @ ct - vecs[t] @ cs)) / 2
+            sep = _clip01(0.5 + swap / (2 * MARGIN_SCALE))
+            sim = float(vecs[s] @ vecs[t])
+            pairs.append(sep * (1.0 - _ramp(sim, DISTINCT_LO, DISTINCT_HI)))
+            seps.append(sep)
+            sims.append(sim)
+    if not pairs:
+        return card, f"speaker_card={card:.3f} over {len(by_speaker)} speaker(s); no pair"
+    pair = sum(pairs) / len(pairs)
+    return 0.5 * card + 0.5 * pair, (
+        f"speaker_card={card:.3f} over {len(by_speaker)} speakers; pairwise={pair:.3f} over "
+        f"{len(pairs)} pairs (separability={sum(seps) / len(seps):.3f}, "
+        f"max_cos_between_speakers={max(sims):.3f})")

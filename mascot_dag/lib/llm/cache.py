@@ -12,7 +12,7 @@ import json
 import os
 from dataclasses import asdict, replace
 
-import pandas as pd
+import polars as pl
 
 from mascot_dag.lib.db import connect, upsert_rows
 from mascot_dag.lib.llm import ChatBackend, validate_requests
@@ -82,7 +82,7 @@ class CachedChat:
         return {k: ChatResult(text=t, prompt_tokens=p, completion_tokens=c) for k, t, p, c in rows}
 
     def _store(self, reqs: list[ChatRequest], keys: list[str], results: list[ChatResult]) -> None:
-        rows = pd.DataFrame(
+        rows = pl.DataFrame(
             {
                 "cache_key": keys,
                 "model": [self.model_name] * len(keys),
@@ -100,6 +100,8 @@ class CachedChat:
                 "text": [res.text for res in results],
                 "prompt_tokens": [res.prompt_tokens for res in results],
                 "completion_tokens": [res.completion_tokens for res in results],
-            }
+            },
+            # explicit: a column that is None in every row (adapter of base requests) is text
+            schema_overrides={"adapter": pl.String, "adapter_version": pl.String},
         )
         upsert_rows(self.db_path, "generation_cache", rows)

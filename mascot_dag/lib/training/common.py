@@ -181,3 +181,11 @@ def lora_relative_change(adapter_dir: str | Path, base_model: str) -> float:
     if not ratios:
         raise ValueError(f"{adapter_dir}: no LoRA layer matches a weight of {base_model}")
     return sum(ratios) / len(ratios)
+
+
+def quiet_trainer(trainer) -> None:
+    """No per-step dict on stdout: with `disable_tqdm` transformers adds a PrinterCallback that
+    prints every log line; the curves reach MLflow from the returned log history instead."""
+    from transformers.trainer_callback import PrinterCallback
+
+    trainer.remove_callback(PrinterCallback)

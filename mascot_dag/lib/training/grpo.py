@@ -23,6 +23,7 @@ from mascot_dag.lib.training.common import (
     load_tokenizer,
     policy_model,
     prepare_checkpoints,
+    quiet_trainer,
     reward_curves,
     save_adapter,
     trainable_percent,
@@ -144,6 +145,7 @@ def train_grpo_adapter(
         peft_config=None if init_adapter is not None else lora.to_peft("CAUSAL_LM"),
         callbacks=[timer, *(callbacks or [])],
     )
+    quiet_trainer(trainer)
     trainer.train(resume_from_checkpoint=last)
 
     adapter_dir = save_adapter(trainer, tokenizer, output_dir)

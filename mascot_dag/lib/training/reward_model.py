@@ -24,6 +24,7 @@ from mascot_dag.lib.training.common import (
     curve,
     load_tokenizer,
     prepare_checkpoints,
+    quiet_trainer,
     save_adapter,
     trainable_percent,
     trainer_kwargs,
@@ -235,6 +236,7 @@ def train_reward_model(
         peft_config=lora.to_peft("SEQ_CLS", modules_to_save=["score"]),
         callbacks=[timer, *(callbacks or [])],
     )
+    quiet_trainer(trainer)
     if len(trainer.train_dataset) == 0:
         raise ValueError(
             f"every training pair is longer than max_length={settings.max_length} tokens: "

@@ -17,6 +17,7 @@ from mascot_dag.lib.training.common import (
     load_tokenizer,
     policy_model,
     prepare_checkpoints,
+    quiet_trainer,
     save_adapter,
     trainable_percent,
     trainer_kwargs,
@@ -95,6 +96,7 @@ def train_sft_adapter(
         peft_config=None if init_adapter is not None else lora.to_peft("CAUSAL_LM"),
         callbacks=[timer, *(callbacks or [])],
     )
+    quiet_trainer(trainer)
     trainer.train(resume_from_checkpoint=last)
     adapter_dir = save_adapter(trainer, tokenizer, output_dir)
     return SFTResult(

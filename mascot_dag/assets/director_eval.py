@@ -1,0 +1,85 @@
+"""Stage 2 (group `collaboration`): the trained director against the base director, paired."""
+
+import math
+
+import dagster as dg
+
+from mascot_dag.assets.collaboration import (
+    dialogue_config,
+    director_adapter,
+    pick_contexts,
+    rosters,
+)
+from mascot_dag.assets.common import DUCKDB_POOL, TRANSIENT_RETRY, table_metadata
+from mascot_dag.assets.registry import DIRECTOR_MODEL, attach, attach_personas
+from mascot_dag.lib.rollout import build_specs
+from mascot_dag.lib.users import load_user_profiles
+from mascot_dag.resources.judge import EmbeddedJudgeResource
+from mascot_dag.resources.llm import ChatModelResource
+from mascot_dag.resources.settings import LineageSettings
+from mascot_dag.resources.store import DuckDBStore
+from mascot_dag.resources.tracking import MLflowResource
+
+PREFIX = "dircmp"
+# What the director was trained with (its MLflow run's params), shown beside the comparison.
+TRAINING_PARAMS = ("learning_rate", "max_steps", "num_generations", "beta", "lr_scheduler",
+                   "lora", "director_reward_horizon", "reward_weights")
+
+
+def training_params(tracking: MLflowResource, version: str) -> dict:
+    from mlflow import MlflowClient
+
+    tracking.configure()
+    client = MlflowClient()
+    run_id = client.get_model_version(DIRECTOR_MODEL, version).run_id
+    params = client.get_run(run_id).data.params if run_id else {}
+    return {k: params.get(k, "n/a (not logged)") for k in TRAINING_PARAMS}
+
+
+@dg.asset(group_name="collaboration", deps=[director_adapter, "contexts", "persona_adapters"],
+          kinds={"duckdb", "pytorch"}, pool=DUCKDB_POOL, retry_policy=TRANSIENT_RETRY)
+def director_comparison(
+    store: DuckDBStore,
+    chat: ChatModelResource,
+    judge: EmbeddedJudgeResource,
+    tracking: MLflowResource,
+    settings: LineageSettings,
+) -> dg.MaterializeResult:
+    """Trained vs base director on the same held-out openings and seeds (lib/director_eval.py):
+    valid-directive, retry and fallback rates, speaker diversity and the group reward, each with
+    a paired bootstrap CI over contexts."""
+    from mascot_dag.lib.director_eval import run_comparison, summarise
+
+    director, version = attach(chat, tracking, DIRECTOR_MODEL)
+    if director is None:
+        raise ValueError(f"no {DIRECTOR_MODEL} version in MLflow: materialise director_adapter")
+    roster = rosters(store)
+    contexts = pick_contexts(store, "eval", settings.director_compare_contexts)
+    specs = []
+    for k in range(settings.director_compare_seeds):
+        specs += build_specs(contexts, roster, load_user_profiles(), settings.agent_turns,
+                             f"{PREFIX}:s{k}", settings.seed + k)
+    adapters, versions = attach_personas(chat, tracking, [c.persona_id for c in roster["support"]])
+    config = dialogue_config(settings, persona_adapters=adapters)
+    rows = run_comparison(specs, chat.backend().generate, config, director, judge.judge(),
+                          settings.block_size)
+    store.replace("director_comparison", rows, None, None)
+    summary = summarise(rows, seed=settings.seed)
+
+    def num(x):
+        return None if x is None or (isinstance(x, float) and math.isnan(x)) else round(x, 4)
+
+    by_metric = {r.metric: {"base": num(r.base), "trained": num(r.trained), "delta": num(r.delta),
+                            "ci": [num(r.lo), num(r.hi)], "n_units": r.n_units,
+                            "n_contexts": r.n_contexts}
+                 for r in summary.itertuples(index=False)}
+    return dg.MaterializeResult(metadata={
+        **table_metadata(rows.drop(columns=["speakers", "statuses"])),
+        "summary": dg.MetadataValue.md(summary.round(4).to_markdown(index=False)),
+        "metrics": by_metric,
+        "director_version": f"{DIRECTOR_MODEL}/{version}",
+        "persona_adapter_versions": versions,
+        "director_training": training_params(tracking, version),
+        "units": int(rows["dialogue_id"].nunique()),
+        "contexts": int(rows["context_id"].nunique()),
+    })

@@ -1,0 +1,36 @@
+"""Human evaluation (group `evaluation`): the blind ratings people gave through `mascot rate`.
+
+The rows are written by the rating page, not by this asset (people rate whenever they like); the
+asset reads them so the lineage records how many there were and what they say when the report
+was built. No ratings is a normal state: it materialises with `ratings: 0`, never fails.
+"""
+
+import dagster as dg
+
+from mascot_dag.assets.common import table_metadata
+from mascot_dag.resources.store import DuckDBStore
+
+
+@dg.asset(group_name="evaluation", deps=["three_way_comparisons"], kinds={"duckdb"})
+def human_ratings(store: DuckDBStore) -> dg.MaterializeResult:
+    """Blind three-way human ratings (`human_ratings`, `human_choices`): counts, per-method means,
+    Krippendorff's alpha per criterion."""
+    from mascot_dag.lib.human_stats import method_means, rater_agreement
+
+    ratings = store.query("SELECT * FROM human_ratings ORDER BY item_id, rater, shown_position")
+    choices = store.query("SELECT * FROM human_choices")
+    if ratings.empty:
+        return dg.MaterializeResult(metadata={
+            "dagster/row_count": 0, "ratings": 0, "raters": 0, "items": 0,
+            "note": "nobody rated yet: run `mascot rate` and share http://127.0.0.1:8020/"})
+    means = method_means(ratings, n_boot=200)
+    overall = means[means["criterion"] == "all"]
+    alpha = rater_agreement(ratings)
+    return dg.MaterializeResult(metadata=table_metadata(
+        ratings.drop(columns=["submitted_at"], errors="ignore"),
+        ratings=len(ratings), raters=int(ratings["rater"].nunique()),
+        items=int(ratings["item_id"].nunique()), best_picks=len(choices),
+        mean_1_5_by_method={r.method: round(float(r.mean), 3) for r in overall.itertuples()},
+        best_picked={str(k): int(v) for k, v in choices["best_method"].value_counts().items()},
+        krippendorff_alpha_ordinal={r.criterion: (None if r.alpha is None else round(r.alpha, 3))
+                                    for r in alpha.itertuples()}))

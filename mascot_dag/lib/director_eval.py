@@ -1,0 +1,189 @@
+"""Trained vs base director on the same dialogue states and seeds (Stage 2's own measurement).
+
+A unit is one (held-out context, seed): the dialogue's opening state, its user profile and every
+sampling seed are the same under both arms; only the director differs (`director_adapter` None =
+the base model). Each arm runs the unit's dialogue for `n_agent_turns` agent turns with the same
+aligned persona adapters (`lib.dialogue.run_dialogues`), so the first decision is made on the
+identical state and later ones on the states each director led to (that is the point: a director
+is judged by the dialogue it produces). Per unit and arm (`unit_row`):
+
+- valid_first: share of decisions whose FIRST output was a valid directive (status ok);
+- retry_rate / fallback_rate: share valid only after the repair retry / never valid (fallback);
+- distinct_speakers, speaker_entropy (bits): who the director let speak across the agent turns;
+- group_reward: the group judge's collective score of the dialogue's N-turn blocks, mapped to 0-1
+  exactly as the director's GRPO reward (`director_reward.block_reward`), mean over blocks.
+
+`summarise` pairs the arms per unit (trained - base) and puts a bootstrap CI on each mean
+difference that resamples CONTEXTS (`stats.paired_cluster_bootstrap`: seeds of one context share
+it), with n units and n contexts. Directions sit next to the metrics (lm-eval-harness style).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
+
+import pandas as pd
+
+from mascot_dag.lib.dialogue import (
+    DialogueConfig,
+    DialogueRecord,
+    DialogueSpec,
+    blocks,
+    run_dialogues,
+)
+from mascot_dag.lib.director_reward import block_reward
+from mascot_dag.lib.judges.base import BlockItem
+from mascot_dag.lib.stats import paired_cluster_bootstrap, significance_mark
+
+# name -> (higher_is_better, what it is)
+METRICS: dict[str, tuple[bool, str]] = {
+    "valid_first": (True, "valid directive on the first try (share of decisions)"),
+    "retry_rate": (False, "valid only after the repair retry (share)"),
+    "fallback_rate": (False, "never valid: the fallback rule chose (share)"),
+    "distinct_speakers": (True, "distinct agents over the dialogue's agent turns"),
+    "speaker_entropy": (True, "entropy of the agent-speaker distribution (bits)"),
+    "group_reward": (True, "group judge, collective rubric, 0-1 (the GRPO reward's scale)"),
+}
+ARMS = ("base", "trained")
+ROW_COLUMNS = ["dialogue_id", "context_id", "mode", "seed", "arm", "director", "decisions",
+               "ok_first", "retried", "fallback", *METRICS, "blocks", "speakers", "statuses"]
+SUMMARY_COLUMNS = ["metric", "higher_is_better", "base", "trained", "delta", "lo", "hi", "mark",
+                   "p_two_sided", "n_units", "n_contexts"]
+
+
+def comparison_specs(specs_for_seed, seeds: int) -> list[DialogueSpec]:
+    """`specs_for_seed(k)` -> the specs of seed offset k (e.g. `rollout.build_specs` with prefix
+    `dircmp:s<k>` and seed base+k); all of them, ids checked unique."""
+    if seeds < 1:
+        raise ValueError(f"director comparison needs >= 1 seed per context, got {seeds}")
+    specs = [s for k in range(seeds) for s in specs_for_seed(k)]
+    ids = [s.dialogue_id for s in specs]
+    if len(set(ids)) != len(ids):
+        raise ValueError(f"director comparison: duplicate dialogue ids {sorted(ids)}")
+    return specs
+
+
+def speaker_entropy(speakers: Sequence[str]) -> float:
+    """Shannon entropy in bits of the speaker counts (0 for one speaker, NaN for none)."""
+    if not speakers:
+        return math.nan
+    n = len(speakers)
+    return float(-sum(c / n * math.log2(c / n) for c in Counter(speakers).values()))
+
+
+def unit_row(rec: DialogueRecord, arm: str, director: str, block_scores: list[list[Any]]) -> dict:
+    """The `director_comparison` row of one unit under one arm. `block_scores`: the judge's
+    scores of each of the dialogue's blocks (NaN reward when the judge failed every block)."""
+    if arm not in ARMS:
+        raise ValueError(f"{rec.dialogue['dialogue_id']}: arm must be one of {ARMS}, got {arm!r}")
+    statuses = [d["status"] for d in sorted(rec.directives, key=lambda d: d["turn_idx"])]
+    speakers = [t["speaker"] for t in rec.turns if t["role"] == "agent"]
+    n = len(statuses)
+    count = Counter(statuses)
+    unknown = set(count) - {"ok", "retried", "fallback"}
+    if unknown:
+        raise ValueError(f"{rec.dialogue['dialogue_id']}: unknown directive status {unknown}")
+    rewards = [r for r in (block_reward(s) for s in block_scores) if r is not None]
+    return {
+        "dialogue_id": rec.dialogue["dialogue_id"], "context_id": rec.dialogue["context_id"],
+        "mode": rec.dialogue["mode"], "seed": int(rec.dialogue["seed"]), "arm": arm,
+        "director": director, "decisions": n, "ok_first": count["ok"],
+        "retried": count["retried"], "fallback": count["fallback"],
+        "valid_first": count["ok"] / n if n else math.nan,
+        "retry_rate": count["retried"] / n if n else math.nan,
+        "fallback_rate": count["fallback"] / n if n else math.nan,
+        "distinct_speakers": float(len(set(speakers))),
+        "speaker_entropy": speaker_entropy(speakers),
+        "group_reward": sum(rewards) / len(rewards) if rewards else math.nan,
+        "blocks": len(block_scores),
+        "speakers": json.dumps(speakers), "statuses": json.dumps(statuses),
+    }
+
+
+def judge_records(records: list[DialogueRecord], specs: dict[str, DialogueSpec], judge,
+                  block_size: int) -> list[list[list[Any]]]:
+    """Per record, the judge's collective scores of each of its N-turn blocks (one judge call)."""
+    items, owner = [], []
+    for r, rec in enumerate(records):
+        spec = specs[rec.dialogue["dialogue_id"]]
+        for block in blocks(rec.turns, block_size):
+            turns = [{"speaker": t["speaker"], "text": t["text"]} for t in block]
+            items.append(BlockItem(spec.context.text, spec.roster, turns))
+            owner.append(r)
+    out: list[list[list[Any]]] = [[] for _ in records]
+    for r, scores in zip(owner, judge.score_blocks(items) if items else [], strict=True):
+        out[r].append(scores)
+    return out
+
+
+def run_comparison(specs: list[DialogueSpec], generate, config: DialogueConfig,
+                   trained_adapter: str, judge, block_size: int) -> pd.DataFrame:
+    """Both arms on the same specs (same ids, seeds, users, persona adapters): the rows."""
+    if not trained_adapter:
+        raise ValueError("director comparison needs a trained director adapter name")
+    rows = []
+    by_id = {s.dialogue_id: s for s in specs}
+    for arm, adapter in (("base", None), ("trained", trained_adapter)):
+        arm_config = replace(config, speaker_policy="director", director_adapter=adapter)
+        records = run_dialogues(specs, generate, arm_config, stage="director_comparison",
+                                method=f"director_{arm}")
+        scored = judge_records(records, by_id, judge, block_size)
+        rows += [unit_row(rec, arm, adapter or "base", sc)
+                 for rec, sc in zip(records, scored, strict=True)]
+    return pd.DataFrame(rows, columns=ROW_COLUMNS)
+
+
+def summarise(rows: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> pd.DataFrame:
+    """Per metric: arm means over the paired units, trained - base with a context-clustered
+    bootstrap CI, '*' when it excludes 0, n units and n contexts."""
+    keys = ["dialogue_id", "context_id"]
+    base = rows[rows["arm"] == "base"].set_index(keys)
+    trained = rows[rows["arm"] == "trained"].set_index(keys)
+    both = base.join(trained, how="inner", lsuffix="_b", rsuffix="_t").reset_index()
+    out = []
+    for metric, (higher, _) in METRICS.items():
+        pair = both[[f"{metric}_b", f"{metric}_t", "context_id"]].dropna()
+        diff = (pair[f"{metric}_t"] - pair[f"{metric}_b"]).tolist()
+        r = paired_cluster_bootstrap(pair["context_id"].tolist(), diff, n=n_boot, seed=seed)
+        out.append([metric, higher,
+                    float(pair[f"{metric}_b"].mean()) if len(pair) else math.nan,
+                    float(pair[f"{metric}_t"].mean()) if len(pair) else math.nan,
+                    r["mean"], r["lo"], r["hi"], significance_mark(r["lo"], r["hi"]),
+                    r["p_two_sided"], int(r["n_units"]), int(r["n_clusters"])])
+    return pd.DataFrame(out, columns=SUMMARY_COLUMNS)
+
+
+def _fmt(x: float, digits: int = 3) -> str:
+    return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}f}"
+
+
+def report_section(rows: pd.DataFrame | None, provenance: dict[str, Any] | None = None
+                   ) -> list[str]:
+    """'## Director: trained vs base' for the evaluation report (rows: `director_comparison`)."""
+    lines = ["## Director: trained vs base (same states and seeds)", ""]
+    if rows is None or rows.empty:
+        return lines + ["n/a (no director_comparison rows: materialise director_comparison)", ""]
+    s = summarise(rows)
+    lines += ["Units: held-out context x seed, both arms from the same opening with the same "
+              "seeds, users and persona adapters. Δ = trained − base, [95% bootstrap CI "
+              "resampling contexts], * the CI excludes 0; n = units / contexts.", ""]
+    lines += ["| metric | better | base | trained | Δ trained − base [95% CI] | n |",
+              "|---|---|---|---|---|---|"]
+    for r in s.itertuples(index=False):
+        if r.n_contexts >= 2:
+            cell = f"{r.delta:+.3f} [{r.lo:+.3f}, {r.hi:+.3f}]{r.mark}"
+        elif r.n_units:
+            cell = f"{r.delta:+.3f} (1 context, no CI)"
+        else:
+            cell = "n/a (no paired units)"
+        lines.append(f"| {r.metric} | {'↑' if r.higher_is_better else '↓'} | {_fmt(r.base)} | "
+                     f"{_fmt(r.trained)} | {cell} | {r.n_units} / {r.n_contexts} |")
+    lines.append("")
+    for k, v in (provenance or {}).items():
+        lines.append(f"- **{k}**: {v}")
+    return lines + [""]

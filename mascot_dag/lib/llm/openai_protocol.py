@@ -1,0 +1,126 @@
+"""The OpenAI chat-completions request format: parsing, validation and OpenAI-style errors.
+
+Pure functions (no web framework) used by `mascot serve` (server.py). Validation follows OpenAI's
+and vLLM's servers: a wrong type or missing field is a 400 naming the field in `param`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from typing import Any
+
+from mascot_dag.lib.types import ChatRequest, SamplingParams
+
+_DEFAULTS = SamplingParams()
+MAX_BODY_BYTES = 1 << 20  # 1 MiB: far above any chat this project sends, small enough to reject
+MAX_TOKENS_LIMIT = 4096  # a 135M-8B model on this project's hardware; raise with --max-tokens-limit
+
+
+class RequestError(ValueError):
+    """A request the server refuses; becomes an OpenAI-style error body with `status`."""
+
+    def __init__(
+        self,
+        message: str,
+        param: str | None = None,
+        status: int = 400,
+        kind: str = "invalid_request_error",
+        code: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message, self.param, self.status, self.kind, self.code = (
+            message, param, status, kind, code
+        )  # fmt: skip
+
+
+_BadRequest = RequestError  # the name this module used before
+
+
+def _number(body: dict, key: str, default: float, kind: type) -> Any:
+    value = body.get(key)
+    if value is None:
+        return default
+    # bool is an int in Python but never a valid token count or temperature.
+    if isinstance(value, bool) or not isinstance(value, (int, float) if kind is float else int):
+        want = "a number" if kind is float else "an integer"
+        raise RequestError(f"'{key}' must be {want}, got {json.dumps(value)[:50]}", key)
+    return kind(value)
+
+
+def _content(m: Any, j: int) -> str:
+    param = f"messages[{j}]"
+    if not isinstance(m, dict) or not isinstance(m.get("role"), str) or "content" not in m:
+        raise RequestError(f"{param} must be an object with 'role' and string 'content'", param)
+    content = m["content"]
+    if isinstance(content, str):
+        return content
+    # OpenAI's content parts: only text parts mean anything to a text model.
+    if isinstance(content, list) and all(
+        isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+        for p in content
+    ):
+        return "".join(p["text"] for p in content)
+    raise RequestError(
+        f"{param}.content must be a string or a list of text parts, got {json.dumps(content)[:60]}",
+        f"{param}.content",
+    )
+
+
+def parse_chat_body(body: Any, max_tokens_limit: int = MAX_TOKENS_LIMIT) -> ChatRequest:
+    """Turn an OpenAI chat-completions body into a ChatRequest; RequestError says what is wrong."""
+    if not isinstance(body, dict):
+        raise RequestError("the body must be a JSON object")
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise RequestError(
+            "'messages' must be a non-empty list of {role, content} objects", "messages"
+        )
+    msgs = tuple({"role": m["role"], "content": _content(m, j)} for j, m in enumerate(messages))
+    key = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+    max_tokens = _number(body, key, _DEFAULTS.max_new_tokens, int)
+    if max_tokens > max_tokens_limit:
+        raise RequestError(
+            f"'{key}' is {max_tokens}, above this server's limit of {max_tokens_limit}", key
+        )
+    n = body.get("n")
+    if n is not None and n != 1:
+        raise RequestError(f"'n' must be 1 (one choice per request), got {json.dumps(n)}", "n")
+    try:
+        sampling = SamplingParams(
+            max_new_tokens=max_tokens,
+            temperature=_number(body, "temperature", _DEFAULTS.temperature, float),
+            top_p=_number(body, "top_p", _DEFAULTS.top_p, float),
+            seed=_number(body, "seed", 0, int),
+        )
+    except ValueError as exc:
+        if isinstance(exc, RequestError):
+            raise
+        raise RequestError(f"bad sampling parameter: {exc}") from exc
+    adapter = body.get("adapter")
+    if adapter is not None and not isinstance(adapter, str):
+        raise RequestError("'adapter' must be a string naming a loaded adapter", "adapter")
+    return ChatRequest(messages=msgs, sampling=sampling, adapter=adapter or None)
+
+
+def parse_stops(body: dict) -> list[str]:
+    stop = body.get("stop")
+    if stop is None:
+        return []
+    stops = [stop] if isinstance(stop, str) else stop
+    if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
+        raise RequestError("'stop' must be a string or a list of non-empty strings", "stop")
+    return stops
+
+
+def parse_flag(body: dict, key: str) -> bool:
+    value = body.get(key)
+    if value is not None and not isinstance(value, bool):
+        raise RequestError(f"'{key}' must be true or false", key)
+    return bool(value)
+
+
+def text_pieces(text: str) -> Iterator[str]:
+    """Word pieces, each with its leading whitespace, so that joining them gives `text` back."""
+    yield from re.findall(r"\s*\S+|\s+", text)

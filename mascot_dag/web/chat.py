@@ -1,0 +1,317 @@
+"""The chat page (`mascot chat --web`): talk to the companion group in a browser.
+
+FastAPI + uvicorn on 127.0.0.1; plain HTML forms (POST, then a 303 redirect back to the page), a
+few lines of vanilla JS only to disable the button while the group answers. Each agent turn shows
+the persona, the director's directive (action, tone, and whether the director's JSON was used or
+the fallback), and the model version that spoke.
+
+State: the conversation id travels in a hidden form field (and a cookie, so that reloading the
+page finds it again); the server keeps conversations in `lib.chat.SessionStore` (bounded, LRU).
+Generation runs in a worker thread (never on the event loop) behind ONE lock around the model:
+the backend generates one batch at a time anyway, and a conversation must not interleave turns.
+Forms are parsed by hand (urlencoded only), which avoids FastAPI's python-multipart dependency
+and lets the body be cut off at `MAX_BODY_BYTES` before anything is parsed.
+"""
+
+from __future__ import annotations
+
+import html
+import logging
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import parse_qs
+
+# At module level: FastAPI resolves the handlers' (postponed) annotations in this module's globals.
+from fastapi import FastAPI, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse
+
+from mascot_dag.lib.chat import (
+    MAX_MESSAGE_CHARS,
+    MAX_USER_MESSAGES,
+    ROSTER_MODES,
+    ChatInputError,
+    ChatSession,
+    Conversation,
+    SessionStore,
+    UnknownSession,
+    check_message,
+    version_label,
+)
+from mascot_dag.lib.dialogue import ChatFn, DialogueConfig
+from mascot_dag.lib.personas import PersonaCard
+
+COOKIE = "mascot_chat"
+# urlencoded UTF-8 takes up to 9 bytes per character; anything longer is not a form we sent.
+MAX_BODY_BYTES = 16 * MAX_MESSAGE_CHARS
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ChatGroup:
+    """What every conversation shares: the rosters, the model and which versions speak."""
+
+    rosters: dict[str, list[PersonaCard]]  # roster set -> cards
+    generate: ChatFn
+    config: DialogueConfig
+    labels: dict[str, str] = field(default_factory=dict)  # persona_id -> version_label
+    director_label: str = "base director"
+
+    def session(self, roster_set: str, seed: int) -> ChatSession:
+        return ChatSession(
+            self.rosters[roster_set],
+            self.generate,
+            self.config,
+            seed,
+            ROSTER_MODES[roster_set],
+            self.labels,
+        )
+
+
+def load_group(
+    alias: str = "champion",
+    max_new_tokens: int = 48,
+    agents_per_round: int = 2,
+    director_max_new_tokens: int = 48,
+) -> ChatGroup:
+    """The embedded model with the `alias` versions from MLflow (base + persona prompts where a
+    persona has none), for both rosters."""
+    from mascot_dag.assets.registry import (
+        DIRECTOR_MODEL,
+        attach,
+        attach_personas,
+        persona_model,
+    )
+    from mascot_dag.lib.personas import load_personas, personas_of_set
+    from mascot_dag.resources.llm import TransformersChatResource
+    from mascot_dag.resources.tracking import MLflowResource
+
+    cards = load_personas()
+    rosters = {s: personas_of_set(cards, s) for s in ROSTER_MODES}
+    llm, tracking = TransformersChatResource(), MLflowResource()
+    ids = [c.persona_id for cs in rosters.values() for c in cs]
+    adapters, versions = attach_personas(llm, tracking, ids, alias)
+    director, director_version = attach(llm, tracking, DIRECTOR_MODEL, alias)
+    labels = {p: version_label(persona_model(p), versions.get(p), alias) for p in ids}
+    config = DialogueConfig(
+        persona_adapters=adapters,
+        director_adapter=director,
+        max_new_tokens_agent=max_new_tokens,
+        max_new_tokens_director=director_max_new_tokens,
+        agents_per_round=agents_per_round,
+    )
+    director_label = (
+        version_label(DIRECTOR_MODEL, director_version, alias)
+        if director_version
+        else "base director"
+    )
+    llm.backend()  # load the model now, not on the first message
+    return ChatGroup(rosters, llm.generate, config, labels, director_label)
+
+
+class _Page(Exception):
+    """An error page: status and the message shown (with the transcript when there is one)."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        conv: Conversation | None = None,
+        sid: str | None = None,
+        draft: str = "",
+    ) -> None:
+        super().__init__(message)
+        self.status, self.message, self.conv, self.sid, self.draft = (
+            status,
+            message,
+            conv,
+            sid,
+            draft,
+        )
+
+
+def create_app(group: ChatGroup, max_sessions: int = 64, default_roster: str = "support") -> Any:
+    if default_roster not in ROSTER_MODES:
+        raise ValueError(f"default_roster must be one of {list(ROSTER_MODES)}: {default_roster!r}")
+    store = SessionStore(group.session, max_sessions)
+    model_lock = threading.Lock()
+    app = FastAPI(title="MASCOT chat", docs_url=None, redoc_url=None)
+
+    def page(
+        conv: Conversation | None,
+        sid: str | None,
+        status: int = 200,
+        error: str = "",
+        draft: str = "",
+    ) -> HTMLResponse:
+        resp = HTMLResponse(render(group, conv, sid, error, draft), status_code=status)
+        if sid and conv is not None:
+            resp.set_cookie(COOKIE, sid, httponly=True, samesite="lax")
+        return resp
+
+    async def form(request: Request) -> dict[str, str]:
+        body = b""
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > MAX_BODY_BYTES:
+                raise _Page(
+                    413,
+                    f"request body over {MAX_BODY_BYTES} bytes; messages are "
+                    f"limited to {MAX_MESSAGE_CHARS} characters",
+                )
+        try:
+            fields = parse_qs(body.decode("utf-8"), keep_blank_values=True)
+        except UnicodeDecodeError as exc:
+            raise _Page(400, "form body is not UTF-8 text") from exc
+        return {k: v[0] for k, v in fields.items()}
+
+    @app.exception_handler(_Page)
+    async def _error_page(request: Request, exc: _Page) -> HTMLResponse:
+        return page(exc.conv, exc.sid, exc.status, exc.message, exc.draft)
+
+    @app.get("/", response_class=HTMLResponse)
+    async def index(request: Request, roster: str | None = None) -> HTMLResponse:
+        sid = request.cookies.get(COOKIE)
+        try:
+            conv = store.get(sid)
+        except UnknownSession:
+            conv = None
+        if conv is None or (roster and roster != conv.roster_set):
+            try:
+                sid, conv = store.create(roster or default_roster)
+            except ChatInputError as exc:
+                raise _Page(exc.status, str(exc)) from exc
+        return page(conv, sid)
+
+    @app.post("/new")
+    async def new(request: Request) -> RedirectResponse:
+        roster = (await form(request)).get("roster") or default_roster
+        try:
+            sid, _ = store.create(roster)
+        except ChatInputError as exc:
+            raise _Page(exc.status, str(exc)) from exc
+        resp = RedirectResponse("/", status_code=303)
+        resp.set_cookie(COOKIE, sid, httponly=True, samesite="lax")
+        return resp
+
+    @app.post("/say")
+    async def say(request: Request) -> RedirectResponse:
+        data = await form(request)
+        sid = data.get("session_id", "")
+        try:
+            conv = store.get(sid)
+        except UnknownSession as exc:
+            raise _Page(404, str(exc)) from exc
+        raw = data.get("message", "")
+        try:
+            text = check_message(raw)
+        except ChatInputError as exc:
+            raise _Page(exc.status, str(exc), conv, sid, raw[: 2 * MAX_MESSAGE_CHARS]) from exc
+        if conv.session.user_messages >= MAX_USER_MESSAGES:
+            raise _Page(
+                409,
+                f"this conversation has reached {MAX_USER_MESSAGES} messages; "
+                "start a new conversation",
+                conv,
+                sid,
+            )
+
+        def run() -> None:
+            with model_lock:
+                conv.session.say(text)
+
+        try:
+            await run_in_threadpool(run)
+        except Exception as exc:  # the page reports it; the server keeps serving
+            log.exception("chat generation failed")
+            raise _Page(
+                500, f"the group could not answer: {type(exc).__name__}: {exc}", conv, sid, raw
+            ) from exc
+        resp = RedirectResponse("/#end", status_code=303)
+        resp.set_cookie(COOKIE, sid, httponly=True, samesite="lax")
+        return resp
+
+    @app.get("/healthz")
+    async def healthz() -> JSONResponse:
+        return JSONResponse(
+            {
+                "ok": True,
+                "sessions": len(store),
+                "labels": group.labels,
+                "director": group.director_label,
+            }
+        )
+
+    return app
+
+
+def render(
+    group: ChatGroup, conv: Conversation | None, sid: str | None, error: str = "", draft: str = ""
+) -> str:
+    e = html.escape
+    rows = []
+    for t in conv.session.log if conv else []:
+        if t.role == "user":
+            rows.append(f'<div class="turn user"><b>You</b><p>{e(t.text)}</p></div>')
+            continue
+        status = "" if t.director_status == "ok" else f" ({e(t.director_status or '')})"
+        rows.append(
+            f'<div class="turn agent" data-speaker="{e(t.speaker)}">'
+            f'<b class="persona">{e(t.name)}</b> '
+            f'<span class="directive">action: <i class="action">{e(t.action or "")}</i>; '
+            f'tone: <i class="tone">{e(t.tone or "")}</i>{status}</span>'
+            f'<p class="text">{e(t.text) or "<i>(no words)</i>"}</p>'
+            f'<small>model: <span class="model">{e(t.model or "")}</span></small></div>'
+        )
+    roster_set = conv.roster_set if conv else "support"
+    names = ", ".join(c.name for c in group.rosters.get(roster_set, []))
+    options = "".join(
+        f'<option value="{s}"{" selected" if s == roster_set else ""}>{s}</option>'
+        for s in ROSTER_MODES
+    )
+    err = f'<p class="error" role="alert">{e(error)}</p>' if error else ""
+    chat_form = (
+        ""
+        if conv is None
+        else f"""
+<form id="say" method="post" action="/say">
+ <input type="hidden" name="session_id" value="{e(sid or "")}">
+ <textarea name="message" rows="3" maxlength="{MAX_MESSAGE_CHARS}" placeholder="Say something"
+  >{e(draft)}</textarea><br>
+ <button id="send" type="submit">Send</button>
+ <span id="wait" hidden>The group is answering...</span>
+ <small>(up to {MAX_MESSAGE_CHARS} characters)</small>
+</form>"""
+    )
+    return f"""<!doctype html>
+<html><head><meta charset="utf-8"><title>MASCOT chat</title><style>
+body {{ font-family: sans-serif; max-width: 46em; margin: 1em auto; }}
+.turn {{ border-left: 4px solid #999; padding: .2em .8em; margin: .6em 0; }}
+.agent {{ border-color: #4a7; }} .directive, small {{ color: #555; }}
+.error {{ color: #b00; font-weight: bold; }} textarea {{ width: 100%; }}
+</style></head><body>
+<h1>MASCOT companions</h1>
+<p>Roster <b>{e(roster_set)}</b>: {e(names)}. Director: {e(group.director_label)}.</p>
+<form method="post" action="/new">New conversation with the
+ <select name="roster">{options}</select> roster <button type="submit">Start</button></form>
+{err}<div id="log">{"".join(rows)}</div><a id="end"></a>{chat_form}
+<script>
+const f = document.getElementById("say");
+if (f) f.addEventListener("submit", () => {{
+  document.getElementById("send").disabled = true;
+  document.getElementById("wait").hidden = false;
+}});
+</script></body></html>"""
+
+
+def serve(port: int, group: ChatGroup, default_roster: str = "support") -> None:
+    """Serve the chat page on 127.0.0.1:port until interrupted (loopback only: no auth)."""
+    import uvicorn
+
+    uvicorn.run(
+        create_app(group, default_roster=default_roster),
+        host="127.0.0.1",
+        port=port,
+        log_level="warning",
+    )
