@@ -182,6 +182,10 @@ def director_lora(chat, base_model_path, tmp_path_factory):
     model = AutoModelForCausalLM.from_pretrained(base_model_path)
     peft = get_peft_model(model, LoraConfig(r=4, target_modules=["q_proj", "v_proj"],
                                             init_lora_weights=False))
+    with torch.no_grad():  # a small random B: a different director that still writes JSON
+        for name, w in peft.named_parameters():
+            if "lora_B" in name:
+                w.mul_(0.05)
     out = tmp_path_factory.mktemp("director_lora")
     peft.save_pretrained(out)
     chat.add_adapter("director-test", str(out))
@@ -196,8 +200,9 @@ FAST = dict(max_new_tokens_agent=12, max_new_tokens_user=12, max_new_tokens_dire
 @pytest.mark.slow
 def test_comparison_on_two_states_is_paired(chat, judge, director_lora):
     profile = load_user_profiles()[0]
-    specs = [DialogueSpec("dircmp:s0:ed-1", ED, "support", SUPPORT, profile, 7, 2),
-             DialogueSpec("dircmp:s0:qm-1", MEETING, "meeting", WORKPLACE, None, 8, 2)]
+    # one agent turn per unit: each unit is one director decision on its opening state
+    specs = [DialogueSpec("dircmp:s0:ed-1", ED, "support", SUPPORT, profile, 7, 1),
+             DialogueSpec("dircmp:s0:qm-1", MEETING, "meeting", WORKPLACE, None, 8, 1)]
     rec = Recorder(chat)
     rows = run_comparison(specs, rec, DialogueConfig(**FAST), director_lora, judge, block_size=2)
     assert len(rows) == 4 and set(rows["arm"]) == {"base", "trained"}
@@ -205,7 +210,7 @@ def test_comparison_on_two_states_is_paired(chat, judge, director_lora):
     for _, g in rows.groupby("dialogue_id"):
         assert len(g) == 2 and g["seed"].nunique() == 1 and g["context_id"].nunique() == 1
     assert ((rows["ok_first"] + rows["retried"] + rows["fallback"]) == rows["decisions"]).all()
-    assert (rows["decisions"] == 2).all()  # one decision per agent turn
+    assert (rows["decisions"] == 1).all()  # one decision per agent turn
     assert rows["group_reward"].between(0, 1).all() and (rows["blocks"] >= 1).all()
     # the first director call of each arm: the same states and seeds, only the adapter differs
     first = [c for c in rec.calls if c and c[0].sampling.max_new_tokens == 48]

@@ -45,6 +45,11 @@ def test_agreement_rho_n_and_explicit_nan():
     # a status column marks failures too; one judge alone gives an empty table
     one = pd.DataFrame(_long("a", [1, 2, 3])).assign(status="ok")
     assert agreement(one, ["item"]).empty
+    # a judge that failed everywhere still has its rows: n = 0 says so
+    failed = pd.concat([one, pd.DataFrame(_long("b", [2, 3, 1])).assign(status="failed")])
+    zero = agreement(failed, ["item"]).set_index("criterion")
+    assert list(zero.index) == ["all", "c"] and (zero.n == 0).all()
+    assert zero.note.str.contains("fewer than 3 shared items").all()
     with pytest.raises(ValueError, match="lacks column"):
         agreement(one, ["nope"])
 
@@ -133,7 +138,7 @@ def served_model():
         log.close()
 
 
-def _prepare_store(home: Path):
+def _prepare_store(home: Path, agent_turns: int = 2):
     """personas (the packaged cards) + one eval context with three methods' dialogues."""
     from importlib import resources
 
@@ -161,9 +166,9 @@ def _prepare_store(home: Path):
         did = f"eval:{m}:{ctx.context_id}"
         dialogues.append({"dialogue_id": did, "stage": "eval", "method": m,
                           "context_id": ctx.context_id, "mode": "support", "user_profile": "INFJ",
-                          "seed": 0, "n_turns": 3, "models": json.dumps({})})
+                          "seed": 0, "n_turns": 1 + agent_turns, "models": json.dumps({})})
         texts = [("user", "user", ctx.turns[0]["text"]), ("agent", "anchor", replies[m][0]),
-                 ("agent", "catalyst", replies[m][1])]
+                 ("agent", "catalyst", replies[m][1])][: 1 + agent_turns]
         turns += [{"dialogue_id": did, "turn_idx": k, "role": role, "speaker": sp, "text": t,
                    "model_used": "test"} for k, (role, sp, t) in enumerate(texts)]
     store.replace_many([("dialogues", pd.DataFrame(dialogues), None, None),
@@ -187,12 +192,13 @@ def test_panel_of_embedded_and_served_llm_judge(home, served_model):
     from mascot_dag.resources.llm import OpenAIChatResource
     from mascot_dag.resources.settings import LineageSettings
 
-    store = _prepare_store(home)
-    # 24 new tokens and no repair: a 135M model rarely writes the rubric JSON anyway; the test
-    # checks the structure (failures recorded as failures), not the judge's quality
+    # one agent turn per dialogue (3 agent-level + 3 block requests to the LLM judge), 12 new
+    # tokens and no repair: a 135M model does not write the rubric JSON anyway (it repeats the
+    # persona card); the test checks structure (failures recorded as failures), not quality
+    store = _prepare_store(home, agent_turns=1)
     base_url, model = served_model
     llm = LLMJudgeResource(chat=OpenAIChatResource(base_url=base_url, model=model),
-                           max_new_tokens=24, max_retries=0)
+                           max_new_tokens=12, max_retries=0)
     panel = JudgePanelResource(embedded=EmbeddedJudgeResource(), llm=llm,
                                training_judge="embedded", three_way_judge="metric")
     t0 = time.monotonic()

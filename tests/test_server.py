@@ -18,8 +18,8 @@ from pathlib import Path
 import openai
 import pytest
 import requests as http
-
 from conftest import free_port
+
 from mascot_dag.lib.llm.http_backend import OpenAIChat
 from mascot_dag.lib.types import ChatRequest, SamplingParams
 
@@ -220,3 +220,33 @@ def test_project_http_backend_against_serve(url):
     assert ours[0].text != ours[1].text and all(r.completion_tokens > 0 for r in ours)
     body = OpenAIChat(f"{url}/v1", model=BASE).payload(reqs[1])
     assert json.loads(json.dumps(body))["adapter"] == "mascot-anchor"
+
+
+def test_backend_failure_is_a_500_with_an_error_body():
+    """A backend that fails (here: the project's HTTP backend aimed at a closed port, as when a
+    proxied upstream is down) gives the client a 500 OpenAI error, not a hang or a text page."""
+    import socket
+
+    import uvicorn
+
+    from mascot_dag.lib.llm.server import create_app
+
+    upstream = OpenAIChat(f"http://127.0.0.1:{free_port()}/v1", model="m", max_retries=0)
+    app = create_app(upstream, "proxy", adapters=[])
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="critical"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+        while not server.started:
+            time.sleep(0.05)
+        resp = http.post(f"{url}/v1/chat/completions", json={"messages": MSGS}, timeout=30)
+        err = resp.json()["error"]
+        assert resp.status_code == 500 and err["type"] == "server_error"
+        assert "ChatBackendError" in err["message"] and "Is the server running" in err["message"]
+        assert http.get(f"{url}/v1/models", timeout=10).json()["data"][0]["id"] == "proxy"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)

@@ -9,6 +9,7 @@ size and LoRA targets.
 
 from __future__ import annotations
 
+import polars as pl
 import pytest
 
 from mascot_dag.assets.contexts import DEMO_ED
@@ -90,15 +91,19 @@ def test_grpo_at_demo_settings_changes_outputs_and_the_probe_sees_it(
     table = probe.unit_table(units, base, adapted)
     ctx = {c.context_id: c.text for c in held}
     scores = judge.score_responses(
-        [ResponseItem(ctx[r.context_id], card, roster, r.text, []) for r in table.itertuples()])
-    table["consistency"] = [next(s.score for s in ss if s.criterion == "consistency")
-                            for ss in scores]
-    table["relevance"] = [next(s.score for s in ss if s.criterion == "response_relevance")
-                          for ss in scores]
-    table["copied"] = 0.0
+        [ResponseItem(ctx[cid], card, roster, text, [])
+         for cid, text in table.select("context_id", "text").rows()])
+
+    def criterion(name: str) -> pl.Series:
+        return pl.Series([next(s.score for s in ss if s.criterion == name) for ss in scores],
+                         dtype=pl.Float64)
+
     clf = probe.ReferenceClassifier.for_set("support")
-    table["identifiable"] = [float(p == "catalyst") for p in clf.predict(list(table.text))]
-    summary = probe.summarise(table).set_index("persona").loc["all"]
+    identifiable = [float(p == "catalyst") for p in clf.predict(table["text"].to_list())]
+    table = table.with_columns(consistency=criterion("consistency"),
+                               relevance=criterion("response_relevance"), copied=pl.lit(0.0),
+                               identifiable=pl.Series(identifiable))
+    summary = probe.summarise(table).filter(pl.col("persona") == "all").row(0, named=True)
     # the adapter changed what is sampled with the same prompts and seeds
     assert summary["identical_share"] < 0.5, summary
     # and the probe's measure of the trained signal moved the right way on this fixed set

@@ -261,17 +261,16 @@ def warm_start_examples(store: DuckDBStore, settings: LineageSettings, card, ros
     prompt) that the training judge scored best AS this persona, under the prompt the adapter
     serves in."""
     persona = card.persona_id
-    cands = store.query("SELECT candidate_id, context_id, persona_id, text FROM candidates")
-    judg = training_judgments(store.query("SELECT * FROM judgments WHERE persona_id = ?",
+    cands = store.frame("SELECT candidate_id, context_id, persona_id, text FROM candidates")
+    judg = training_judgments(store.frame("SELECT * FROM judgments WHERE persona_id = ?",
                                           [persona]), training_rule)
     best = best_per_context(cands, mean_scores(judg, settings.persona_score_weight), persona)
-    text = dict(zip(cands.candidate_id, cands.text, strict=True))
+    text = dict(cands.select("candidate_id", "text").rows())
     ctx = all_contexts(store)
     return [
-        {"messages": [*opening_agent_messages(card, ctx[r.context_id], roster,
-                                              settings.prompt_style),
-                      {"role": "assistant", "content": text[r.candidate_id]}]}
-        for r in best.itertuples() if text[r.candidate_id].strip()
+        {"messages": [*opening_agent_messages(card, ctx[cid], roster, settings.prompt_style),
+                      {"role": "assistant", "content": text[r]}]}
+        for r, cid in best.select("candidate_id", "context_id").rows() if text[r].strip()
     ]
 
 
@@ -364,7 +363,7 @@ def persona_adapters(
         summary = run_probe(store, chat, judges.training(), settings, card, roster, arms,
                             f"{name}/{version}")
         timings["probe_s"] = time.monotonic() - t0
-        overall = summary.set_index("persona").loc[persona]
+        overall = summary.filter(pl.col("persona") == persona).row(0, named=True)
         tracking.log_params({f"probe_{k}": v for k, v in overall.items()
                              if isinstance(v, int | float)})
     gain, lo, hi = (overall["identifiable_gain"], overall["identifiable_lo"],
@@ -382,7 +381,8 @@ def persona_adapters(
             "seconds_per_step": result.seconds_per_step or float("nan"),
             "resumed_from": result.resumed_from or "",
             **{k: float(v) for k, v in timings.items()},
-            "probe": dg.MetadataValue.md(summary.round(3).to_markdown(index=False)),
+            "probe": dg.MetadataValue.md(markdown_table(
+                summary.with_columns(pl.selectors.float().round(3)))),
             **{f"probe_{k}": v for k, v in effect.items()},
         },
         check_results=[
@@ -433,32 +433,38 @@ def run_probe(store, chat, judge, settings, card, roster, arms: dict, model_vers
     rows = []
     for arm in arms:
         t = probe.unit_table(units, texts["base"], texts[arm])
-        t["arm"] = t["arm"].replace({"adapter": arm})
-        rows.append(t if not rows else t[t.arm == arm])
-    table = pd.concat(rows, ignore_index=True)
+        t = t.with_columns(arm=pl.col("arm").replace({"adapter": arm}))
+        rows.append(t if not rows else t.filter(pl.col("arm") == arm))
+    table = pl.concat(rows)
     ctx = {c.context_id: c for c in ctxs}
     scores = judge.score_responses(
-        [ResponseItem(ctx[r.context_id].text, card, roster, r.text, [])
-         for r in table.itertuples()])
+        [ResponseItem(ctx[cid].text, card, roster, text, [])
+         for cid, text in table.select("context_id", "text").rows()])
     crit = [{s.criterion: s.score for s in ss} for ss in scores]
-    table["consistency"] = [c.get("consistency") for c in crit]
-    table["relevance"] = [c.get("response_relevance") for c in crit]
     grams = card_grams(card)
-    table["copied"] = [float(copied_grams(t, grams) > 0) for t in table.text]
-    table["predicted"] = _classifier(settings.train_persona_set, settings.seed).predict(
-        list(table.text))
-    table["identifiable"] = (table.predicted == table.persona_id).astype(float)
-    table["model_version"] = [model_version if a != "base" else "base" for a in table.arm]
-    store.replace("persona_probe", table[[
+    replies = table["text"].to_list()
+    predicted = _classifier(settings.train_persona_set, settings.seed).predict(replies)
+    table = table.with_columns(
+        consistency=pl.Series([c.get("consistency") for c in crit], dtype=pl.Float64),
+        relevance=pl.Series([c.get("response_relevance") for c in crit], dtype=pl.Float64),
+        copied=pl.Series([float(copied_grams(t, grams) > 0) for t in replies], dtype=pl.Float64),
+        predicted=pl.Series(predicted, dtype=pl.String),
+    ).with_columns(
+        identifiable=(pl.col("predicted") == pl.col("persona_id")).cast(pl.Float64),
+        model_version=pl.when(pl.col("arm") == "base").then(pl.lit("base"))
+        .otherwise(pl.lit(model_version)),
+    )
+    store.replace("persona_probe", table.select(
         "persona_id", "context_id", "seed", "arm", "model_version", "text", "predicted",
-        "identifiable", "consistency", "relevance", "copied"]], "persona_id = ?",
+        "identifiable", "consistency", "relevance", "copied"), "persona_id = ?",
         [card.persona_id])
     summaries = []
     for arm in arms:
-        part = table[table.arm.isin(["base", arm])].replace({"arm": {arm: "adapter"}})
-        summ = probe.summarise(part, seed=settings.seed)
-        summ = summ[summ.persona == card.persona_id]
+        part = table.filter(pl.col("arm").is_in(["base", arm])).with_columns(
+            arm=pl.col("arm").replace({arm: "adapter"}))
+        summ = probe.summarise(part, seed=settings.seed).filter(
+            pl.col("persona") == card.persona_id)
         if arm != "adapter":
-            summ = summ.assign(persona=f"{card.persona_id}:{arm}")
+            summ = summ.with_columns(persona=pl.lit(f"{card.persona_id}:{arm}"))
         summaries.append(summ)
-    return pd.concat(summaries, ignore_index=True)
+    return pl.concat(summaries)

@@ -171,13 +171,13 @@ def item_page(rater: str, item: H.Item, content, previous=None, errors: list[str
         for s in H.SLOTS:
             name = H.field_name(s, c)
             radios = "".join(
-                f"<label><input type='radio' name='{name}' value='{v}' id='{name}.{v}'"
+                f"<label><input type='radio' name='{name}' value='{v}' id='{name}.{v}' required"
                 f"{' checked' if filled.get(name) == str(v) else ''}>{v}</label>"
                 for v in H.SCALE)
             cells.append(f"<td class='scale'><b>{s}</b> {radios}</td>")
         rows.append(f"<tr><td><b>{_e(H.TITLES.get(c, c))}</b><div class='def'>{_e(definition)}"
                     f"</div></td>{''.join(cells)}</tr>")
-    best = "".join(f"<label><input type='radio' name='best' value='{s}' id='best.{s}'"
+    best = "".join(f"<label><input type='radio' name='best' value='{s}' id='best.{s}' required"
                    f"{' checked' if filled.get('best') == s else ''}>Dialogue {s}</label> "
                    for s in H.SLOTS)
     err = ("<div class='errors' id='errors'><b>Not saved:</b><ul>"

@@ -5,7 +5,8 @@ caller names the columns that identify an item (without the judge and the criter
 values both judges actually gave count: failed judgments (status 'failed' or a NULL value) are
 left out, so n is the number of items the two judges both scored.
 
-rho is NaN in exactly two cases, and `note` says which: fewer than 3 shared items (a 2-point
+Every criterion in the table gets a row per judge pair, also when a judge failed on all of its
+items (n = 0). rho is NaN in exactly two cases, and `note` says which: fewer than 3 shared items (a 2-point
 rank correlation is always +-1, so it is not reported), or a judge that gave every shared item
 the same value (the rank correlation is undefined for a constant; the note names the judge).
 """
@@ -52,16 +53,19 @@ def agreement(
     if missing:
         raise ValueError(f"agreement: score table lacks column(s) {missing}; it has "
                          f"{list(scores.columns)}")
+    # pairs of every judge in the table, also one whose every score failed: its rows say n = 0
+    judges = sorted(scores[judge].dropna().unique())
     df = scores.dropna(subset=[value])
     if "status" in df.columns:
         df = df[df["status"].fillna("ok") != "failed"]
     keys = [*item_keys, criterion]
+    crits = sorted(scores[criterion].dropna().unique(), key=str)
     rows = []
-    for ja, jb in combinations(sorted(df[judge].dropna().unique()), 2):
+    for ja, jb in combinations(judges, 2):
         a = df[df[judge] == ja].groupby(keys, dropna=False)[value].mean()
         b = df[df[judge] == jb].groupby(keys, dropna=False)[value].mean()
         both = pd.concat([a.rename("a"), b.rename("b")], axis=1, join="inner").reset_index()
-        groups = [(ALL, both)] + sorted(both.groupby(criterion), key=lambda g: str(g[0]))
+        groups = [(ALL, both)] + [(c, both[both[criterion] == c]) for c in crits]
         for crit, g in groups:
             rho, note = _rho(g["a"].to_numpy(float), g["b"].to_numpy(float), ja, jb)
             rows.append([ja, jb, crit, len(g), rho, note])

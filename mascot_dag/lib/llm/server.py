@@ -18,6 +18,8 @@ temperature, top_p, seed, stop, n=1 only, stream, stream_options.include_usage),
   yet: the finished text is cut into word pieces, sent as chunks once generation has ended.
 - `stop` strings are applied to the finished text (usage still counts every generated token).
 
+Request parsing and validation live in openai_protocol.py, batching in batcher.py.
+
 Run it with `mascot serve` or
 
     python -m mascot_dag.lib.llm.server --model embedded:smollm2-135m-instruct \
@@ -102,6 +104,11 @@ def create_app(
             else f"{exc.detail}: {req.method} {req.url.path}"
         )  # fmt: skip
         return error(exc.status_code, message, "invalid_request_error")
+
+    @app.exception_handler(Exception)
+    async def _server_error(_req: Request, exc: Exception) -> JSONResponse:
+        # A bug of the server, never the client's input: still an OpenAI-style body.
+        return error(500, f"internal error: {type(exc).__name__}: {exc}", "server_error")
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(_req: Request, exc: RequestValidationError) -> JSONResponse:
