@@ -69,7 +69,7 @@ def test_training_rule_selects_judges_and_rows():
 
 
 def test_metric_picker_prefers_distinct_voices_over_an_echo():
-    picker = MetricPicker()
+    picker = MetricPicker(persona_sets=("support",))  # one set: half the classifier fitting
     user = {"speaker": "user", "text": "My dog died last week and the house feels empty."}
     echo = [user,
             {"speaker": "anchor", "text": "My dog died last week and the house feels empty."},
@@ -218,9 +218,9 @@ def test_panel_of_embedded_and_served_llm_judge(home, served_model):
 
     agr = agreement(scores, ["method", "dialogue_id", "level"])
     assert set(agr.criterion) == {"all", *AGENT_CRITERIA, *COLLECTIVE_CRITERIA}
-    wide = scores.pivot_table(index=["method", "dialogue_id", "level", "criterion"],
-                              columns="judge", values="value")
-    both = wide.dropna()
+    wide = scores.set_index(["method", "dialogue_id", "level", "criterion", "judge"]).value
+    wide = wide.unstack("judge")  # keeps a judge whose every value is NULL
+    both = wide[["embedded", "llm"]].dropna()
     assert agr.set_index("criterion").loc["all", "n"] == len(both)
     for r in agr.itertuples():
         assert math.isnan(r.rho) == bool(r.note)  # NaN only with its reason

@@ -1,45 +1,121 @@
 """The whole lineage end to end on the `tiny` profile: real model, real DuckDB, real MLflow.
 
-One module-scoped home is shared by the assertions below (the run is the expensive part).
+The lineage runs the way a user runs it in the UI: `dagster dev` on a fresh MASCOT_HOME, then
+"Materialize all" as the UI sends it for assets with different partitions (GraphQL
+`launchPartitionBackfill` with `assetSelection` and `allPartitions: true`, the "pureAll" branch
+of the webapp's launch button). The daemon runs it as an asset backfill: one asset run per
+partition group. One module-scoped home is shared by the assertions below (the run is the
+expensive part); the last test re-runs the in-process path (`make demo`) for what is missing.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
+import time
 
 import duckdb
 import pytest
+from test_ui import DAGSTER, REPO, _free_port, _graphql, _stop, _wait_ready
 
-# The fixture runs the whole lineage (~12 min on 2 quiet cores); it counts toward the first
+# The fixture runs the whole lineage through the daemon (~12 min in-process on 2 quiet cores,
+# plus a process per run and the daemon's 30 s backfill ticks); it counts toward the first
 # test's timeout, so the module gets more than the suite default of 900 s.
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
+BACKFILL_TIMEOUT_S = float(os.environ.get("MASCOT_BACKFILL_TIMEOUT_S", "3000"))
+
+LAUNCH = """mutation($p: LaunchBackfillParams!) { launchPartitionBackfill(backfillParams: $p) {
+  __typename ... on LaunchBackfillSuccess { backfillId }
+  ... on PythonError { message stack } ... on InvalidSubsetError { message } } }"""
+BACKFILL = """query($id: String!) { partitionBackfillOrError(backfillId: $id) {
+  __typename ... on PartitionBackfill { status isAssetBackfill
+    runs(limit: 200) { id jobName status tags { key value } } } } }"""
+CHECKS = """{ assetNodeOrError(assetKey: {path: ["eval_report"]}) { ... on AssetNode {
+  assetChecksOrError { ... on AssetChecks { checks { name
+    executionForLatestMaterialization { status } } } } } } }"""
+
+
+def _vars(base: str, query: str, variables: dict) -> dict:
+    import urllib.request
+
+    req = urllib.request.Request(f"{base}/graphql", headers={"Content-Type": "application/json"},
+                                 data=json.dumps({"query": query, "variables": variables}).encode())
+    with urllib.request.urlopen(req, timeout=60) as r:
+        body = json.loads(r.read())
+    assert "errors" not in body, f"GraphQL errors: {body['errors']}"
+    return body["data"]
+
+
+def _materialize_all(base: str, nodes: list[dict]) -> dict:
+    """Launch what the UI's Materialize all launches, wait until the backfill ends."""
+    keys = [{"path": n["assetKey"]["path"]} for n in nodes]
+    out = _vars(base, LAUNCH, {"p": {"assetSelection": keys, "allPartitions": True,
+                                     "tags": [{"key": "mascot/test", "value": "lineage"}]}})
+    launched = out["launchPartitionBackfill"]
+    assert launched["__typename"] == "LaunchBackfillSuccess", launched
+    deadline = time.monotonic() + BACKFILL_TIMEOUT_S
+    while True:
+        bf = _vars(base, BACKFILL, {"id": launched["backfillId"]})["partitionBackfillOrError"]
+        if bf["status"] not in ("REQUESTED", "CANCELING", "FAILING"):
+            return bf
+        assert time.monotonic() < deadline, f"backfill still {bf['status']}: {bf['runs']}"
+        time.sleep(10)
 
 
 @pytest.fixture(scope="module")
 def lineage(tmp_path_factory):
-    home = tmp_path_factory.mktemp("lineage")
+    tmp = tmp_path_factory.mktemp("lineage")
+    home = tmp / "home"
     old = {k: os.environ.get(k) for k in ("MASCOT_HOME", "DAGSTER_HOME")}
     os.environ["MASCOT_HOME"] = str(home)
     os.environ["DAGSTER_HOME"] = str(home / "dagster")
-    try:
-        from mascot_dag.pipeline import prepare_home, run_lineage
-        from mascot_dag.profiles import resources_for
+    from mascot_dag.pipeline import prepare_home
 
-        prepare_home()
-        results = run_lineage(resources_for("tiny"))
-        failures = [
-            e.step_failure_data.error.to_string()[-2000:]
-            for r in results for e in r.all_events if e.is_step_failure
-        ]
-        assert not failures, failures[0]
-        yield home, results
+    prepare_home()  # dagster.yaml: one run at a time, the duckdb pool
+    env = {**os.environ, "MASCOT_PROFILE": "tiny", "HF_HUB_OFFLINE": "1"}
+    port = _free_port()
+    base, log = f"http://127.0.0.1:{port}", tmp / "dagster_dev.log"
+    cmd = ["setsid", "env", "--default-signal=INT,TERM", str(DAGSTER), "dev",
+           "-h", "127.0.0.1", "-p", str(port), "-m", "mascot_dag.definitions"]
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        nodes = _wait_ready(base, proc, log)
+        t0 = time.monotonic()
+        backfill = _materialize_all(base, nodes)
+        checks = _graphql(base, CHECKS)["assetNodeOrError"]["assetChecksOrError"]["checks"]
+        print(f"\nMaterialize all: {backfill['status']} in {time.monotonic() - t0:.0f} s, "
+              f"{len(backfill['runs'])} runs", file=sys.stderr)
+    finally:
+        _stop(proc)
+    try:
+        failed = [r for r in backfill["runs"] if r["status"] != "SUCCESS"]
+        assert backfill["status"] == "COMPLETED_SUCCESS" and not failed, (
+            f"{backfill['status']}: failed runs {failed}\n{log.read_text()[-3000:]}")
+        yield {"home": home, "backfill": backfill, "checks": checks}
     finally:
         for k, v in old.items():
             if v is None:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+def test_materialize_all_is_asset_runs_through_eval_report(lineage):
+    """Every run of the backfill is an asset run of the real assets (no nesting op, no
+    ephemeral job), each eval method its own partition run, and eval_report's check ran."""
+    runs = lineage["backfill"]["runs"]
+    assert lineage["backfill"]["isAssetBackfill"]
+    assert {r["jobName"] for r in runs} == {"__ASSET_JOB"}, {r["jobName"] for r in runs}
+    from mascot_dag.lib.methods import METHODS
+
+    parts = {t["value"] for r in runs for t in r["tags"] if t["key"] == "dagster/partition"}
+    assert set(METHODS) <= parts and {"anchor", "beacon"} <= parts, parts
+    checks = {c["name"]: c["executionForLatestMaterialization"] for c in lineage["checks"]}
+    assert checks["champion_gate"] is not None, checks
+    assert checks["champion_gate"]["status"] in ("SUCCEEDED", "FAILED"), checks
 
 
 def q(home, sql):
@@ -51,7 +127,7 @@ def q(home, sql):
 
 
 def test_stage1_tables(lineage):
-    home, _ = lineage
+    home = lineage["home"]
     assert q(home, "SELECT count(DISTINCT persona_id) FROM candidates")[0][0] == 4
     crits = {r[0] for r in q(home, "SELECT DISTINCT criterion FROM judgments")}
     assert len(crits) == 5
@@ -65,7 +141,7 @@ def test_stage1_tables(lineage):
 
 
 def test_persona_probe_is_paired(lineage):
-    home, _ = lineage
+    home = lineage["home"]
     rows = q(home, "SELECT persona_id, arm, count(*) FROM persona_probe GROUP BY ALL")
     counts = {(p, a): n for p, a, n in rows}
     assert {p for p, _ in counts} == {"anchor", "catalyst", "beacon", "action_guide"}
@@ -79,7 +155,7 @@ def test_persona_probe_is_paired(lineage):
 
 
 def test_registry_holds_versions_linked_to_runs(lineage):
-    home, _ = lineage
+    home = lineage["home"]
     from mlflow import MlflowClient
 
     import mascot_dag.lib.tracking as tracking
@@ -97,7 +173,7 @@ def test_registry_holds_versions_linked_to_runs(lineage):
 
 
 def test_stage2_dialogues_have_directives_and_group_scores(lineage):
-    home, _ = lineage
+    home = lineage["home"]
     modes = {r[0] for r in q(home, "SELECT DISTINCT mode FROM dialogues WHERE stage = 'rollout'")}
     assert modes == {"support", "meeting"}
     missing = q(home, "SELECT count(*) FROM turns t LEFT JOIN directives d "
@@ -109,7 +185,7 @@ def test_stage2_dialogues_have_directives_and_group_scores(lineage):
 
 
 def test_evaluation_covers_every_method_and_reports(lineage):
-    home, _ = lineage
+    home = lineage["home"]
     from mascot_dag.lib.methods import METHODS
 
     methods = {r[0] for r in q(home, "SELECT DISTINCT method FROM eval_scores")}
@@ -123,7 +199,7 @@ def test_evaluation_covers_every_method_and_reports(lineage):
 def test_champion_alias_follows_the_gate_decision(lineage):
     """The first run promotes only if MASCOT significantly beats zero-shot (paired CI); the
     alias exists exactly when the report says "promote", on the versions the eval used."""
-    home, _ = lineage
+    home = lineage["home"]
     from mlflow import MlflowClient
     from mlflow.exceptions import MlflowException
 
@@ -150,7 +226,7 @@ def test_chat_two_turns_with_the_trained_group(lineage):
     import sys
     from pathlib import Path
 
-    home, _ = lineage
+    home = lineage["home"]
     env = {**os.environ, "MASCOT_HOME": str(home), "HF_HUB_OFFLINE": "1"}
     proc = subprocess.run(
         [str(Path(sys.executable).parent / "mascot"), "chat", "--turns", "2",
@@ -170,8 +246,36 @@ def test_report_command(lineage):
     import sys
     from pathlib import Path
 
-    home, _ = lineage
+    home = lineage["home"]
     proc = subprocess.run([str(Path(sys.executable).parent / "mascot"), "report"],
                           env={**os.environ, "MASCOT_HOME": str(home)},
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and "latest.md" in proc.stdout
+
+
+def test_rerun_materialises_only_what_is_missing(lineage):
+    """Wipe one eval method's partition from the instance: `mascot demo --missing-only`'s
+    in-process walk redoes exactly that partition and what reads it, nothing upstream."""
+    import dagster as dg
+
+    from mascot_dag.definitions import defs
+    from mascot_dag.pipeline import run_lineage
+    from mascot_dag.profiles import resources_for
+
+    graph = defs.resolve_asset_graph()
+    key = dg.AssetKey("eval_dialogues")
+    with dg.DagsterInstance.get() as instance:
+        instance.wipe_asset_partitions(key, ["zero_shot"])
+        results = run_lineage(resources_for("tiny"), instance=instance, missing_only=True)
+    done = {(k.to_user_string(), r.step.partition) for r in results for k in r.step.assets}
+    below, stack = set(), [key]
+    while stack:  # every descendant (all unpartitioned here)
+        for child in graph.get(stack.pop()).child_keys - below:
+            below.add(child)
+            stack.append(child)
+    expected = {("eval_dialogues", "zero_shot")} | {(k.to_user_string(), None) for k in below}
+    assert all(r.success for r in results), [r.errors for r in results]
+    assert done == expected, (done, expected)
+    # the in-process walk records runs of the same asset job as the daemon's
+    with dg.DagsterInstance.get() as instance:
+        assert instance.get_run_by_id(results[0].run_id).job_name == "__ASSET_JOB"

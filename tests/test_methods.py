@@ -7,6 +7,13 @@ import json
 import pytest
 
 from mascot_dag.lib.dialogue import GENERIC_SYSTEM, DialogueConfig
+from mascot_dag.lib.esc import (
+    ESC_ANALYSIS_TOKENS,
+    ESC_ANALYST_SYSTEM,
+    ESC_PROPOSER_SYSTEM,
+    ESC_VOTE_TOKENS,
+    multiagent_esc,
+)
 from mascot_dag.lib.methods import (
     ALL_METHODS,
     ASSISTANT,
@@ -22,13 +29,6 @@ from mascot_dag.lib.methods import (
     persona_baseline_system,
     run_method,
     sft_examples,
-)
-from mascot_dag.lib.esc import (
-    ESC_ANALYSIS_TOKENS,
-    ESC_ANALYST_SYSTEM,
-    ESC_PROPOSER_SYSTEM,
-    ESC_VOTE_TOKENS,
-    multiagent_esc,
 )
 from mascot_dag.lib.personas import load_personas, personas_of_set, system_prompt
 from mascot_dag.lib.rollout import build_specs

@@ -14,7 +14,7 @@ from mascot_dag.assets.common import DUCKDB_POOL, TRANSIENT_RETRY, table_metadat
 from mascot_dag.assets.registry import DIRECTOR_MODEL, attach, attach_personas
 from mascot_dag.lib.rollout import build_specs
 from mascot_dag.lib.users import load_user_profiles
-from mascot_dag.resources.judge import EmbeddedJudgeResource
+from mascot_dag.resources.judge import JudgePanelResource
 from mascot_dag.resources.llm import ChatModelResource
 from mascot_dag.resources.settings import LineageSettings
 from mascot_dag.resources.store import DuckDBStore
@@ -23,7 +23,7 @@ from mascot_dag.resources.tracking import MLflowResource
 PREFIX = "dircmp"
 # What the director was trained with (its MLflow run's params), shown beside the comparison.
 TRAINING_PARAMS = ("learning_rate", "max_steps", "num_generations", "beta", "lr_scheduler",
-                   "lora", "director_reward_horizon", "reward_weights")
+                   "lora", "director_reward_horizon", "reward_weights", "group_judge")
 
 
 def training_params(tracking: MLflowResource, version: str) -> dict:
@@ -41,7 +41,7 @@ def training_params(tracking: MLflowResource, version: str) -> dict:
 def director_comparison(
     store: DuckDBStore,
     chat: ChatModelResource,
-    judge: EmbeddedJudgeResource,
+    judges: JudgePanelResource,
     tracking: MLflowResource,
     settings: LineageSettings,
 ) -> dg.MaterializeResult:
@@ -61,7 +61,9 @@ def director_comparison(
                              f"{PREFIX}:s{k}", settings.seed + k)
     adapters, versions = attach_personas(chat, tracking, [c.persona_id for c in roster["support"]])
     config = dialogue_config(settings, persona_adapters=adapters)
-    rows = run_comparison(specs, chat.backend().generate, config, director, judge.judge(),
+    # the group reward on the GRPO reward's terms: the panel's training judge
+    reward_judge = judges.training()
+    rows = run_comparison(specs, chat.backend().generate, config, director, reward_judge,
                           settings.block_size)
     store.replace("director_comparison", rows, None, None)
     summary = summarise(rows, seed=settings.seed)
@@ -78,6 +80,7 @@ def director_comparison(
         "summary": dg.MetadataValue.md(summary.round(4).to_markdown(index=False)),
         "metrics": by_metric,
         "director_version": f"{DIRECTOR_MODEL}/{version}",
+        "group_judge": reward_judge.name,
         "persona_adapter_versions": versions,
         "director_training": training_params(tracking, version),
         "units": int(rows["dialogue_id"].nunique()),

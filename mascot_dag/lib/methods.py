@@ -64,6 +64,11 @@ PROMPTING_BASELINES: tuple[str, ...] = METHODS[:6]  # persona roster, fixed roun
 EXTRA_METHODS: tuple[str, ...] = ("zero_shot_single",)  # run on request, not by default
 ALL_METHODS: tuple[str, ...] = METHODS + EXTRA_METHODS
 SINGLE_AGENT: tuple[str, ...] = ("multiagent_esc", "zero_shot_single")  # one "assistant" voice
+# How reports name a method that only approximates its published form.
+METHOD_LABELS: dict[str, str] = {
+    "multiagent_esc": "MultiAgentESC-style (a simplified MultiAgentESC: rule-based complexity "
+    "gate, one debate round, no response selection; see mascot_dag/lib/esc.py)",
+}
 Wrap = Callable[[ChatFn], ChatFn]
 
 ASSISTANT = PersonaCard(

@@ -22,6 +22,7 @@ import pandas as pd
 from mascot_dag.lib.champion import dialogue_overall, judge_rows_100, overall_score
 from mascot_dag.lib.director_eval import report_section as director_section
 from mascot_dag.lib.human_stats import human_section
+from mascot_dag.lib.methods import METHOD_LABELS
 from mascot_dag.lib.metrics import METRICS
 from mascot_dag.lib.paper import load_published, results_path
 from mascot_dag.lib.report_conditions import condition_section, persona_mbti_section
@@ -344,6 +345,7 @@ def build_report(data: ReportInputs, out_dir: Path) -> ReportResult:
         rows.append([m, _num(headline[m]), _cell(vals) if vals else "n/a (no judge rows)", delta])
     lines += _table(["method", "overall", "per-dialogue mean ± std [CI] (n)",
                      "Δ mascot − method [95% CI] (n)"], rows)
+    lines += [f"`{m}`: {METHOD_LABELS[m]}." for m in methods if m in METHOD_LABELS] + [""]
     lines += paired_section(items, methods, rubrics)
     lines += _criteria_section(scores, judge, methods, out_dir, plots)
     lines += _ablation_section(scores, judge, items)

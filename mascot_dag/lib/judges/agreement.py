@@ -6,9 +6,9 @@ values both judges actually gave count: failed judgments (status 'failed' or a N
 left out, so n is the number of items the two judges both scored.
 
 Every criterion in the table gets a row per judge pair, also when a judge failed on all of its
-items (n = 0). rho is NaN in exactly two cases, and `note` says which: fewer than 3 shared items (a 2-point
-rank correlation is always +-1, so it is not reported), or a judge that gave every shared item
-the same value (the rank correlation is undefined for a constant; the note names the judge).
+items (n = 0). rho is NaN in exactly two cases, and `note` says which: fewer than 3 shared items
+(a 2-point rank correlation is always +-1, so it is not reported), or a judge that gave every
+shared item the same value (undefined for a constant; the note names the judge).
 """
 
 from __future__ import annotations
@@ -46,8 +46,9 @@ def agreement(
 
     >>> df = pd.DataFrame({"item": [1, 2, 3] * 2, "judge": ["a"] * 3 + ["b"] * 3,
     ...                    "criterion": "c", "value": [1, 2, 3, 2, 3, 5]})
-    >>> agreement(df, ["item"]).loc[1, ["n", "rho"]].tolist()
-    [3, 1.0]
+    >>> r = agreement(df, ["item"]).iloc[1]
+    >>> (r.criterion, int(r.n), float(r.rho))
+    ('c', 3, 1.0)
     """
     missing = [c for c in [*item_keys, value, judge, criterion] if c not in scores.columns]
     if missing:

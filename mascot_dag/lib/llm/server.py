@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import socket
@@ -81,6 +82,7 @@ def create_app(
             return fixed_adapters
         return sorted(getattr(backend, "adapters", {}) or {})
 
+    @contextlib.asynccontextmanager
     async def lifespan(_app: Any) -> Any:
         yield
         await asyncio.to_thread(batcher.close)

@@ -1,0 +1,110 @@
+"""Whole-lineage order from the asset graph (mascot_dag.pipeline), without running an asset.
+
+The plan is what `make demo` executes; these tests pin the semantics the design relies on: every
+asset partition exactly once, after everything it reads; every persona's candidates before any
+judging; a failed partition skips only what reads it; the instance settings and the pool.
+"""
+
+from __future__ import annotations
+
+import dagster as dg
+import pytest
+
+from mascot_dag.assets.common import SUPPORT_PERSONAS
+from mascot_dag.assets.evaluation import method_partitions
+from mascot_dag.pipeline import (
+    DUCKDB_POOL,
+    LineageWalk,
+    asset_partitions,
+    parent_partitions,
+    plan,
+    prepare_home,
+)
+
+
+@pytest.fixture(scope="module")
+def graph():
+    from mascot_dag.definitions import defs
+
+    return defs.resolve_asset_graph()
+
+
+def K(name: str) -> dg.AssetKey:
+    return dg.AssetKey(name)
+
+
+def test_plan_runs_every_partition_once_after_its_parents(graph):
+    steps = plan(graph)
+    seen: list = []
+    for step in steps:
+        for key in step.assets:
+            ap = (key, step.partition)
+            missing = parent_partitions(graph, ap) - set(seen)
+            # a parent in the same run (unpartitioned chain, identity mapping) counts as before
+            missing -= {(k, step.partition) for k in step.assets}
+            assert not missing, f"{step.label}: runs before {missing}"
+            seen.append(ap)
+    assert sorted(seen, key=str) == sorted(asset_partitions(graph), key=str)  # each exactly once
+    labels = [s.label for s in steps]
+    first_judging = min(i for i, s in enumerate(steps) if K("persona_judgments") in s.assets)
+    last_candidates = max(i for i, s in enumerate(steps) if K("candidate_responses") in s.assets)
+    assert last_candidates < first_judging, labels
+    # judgments and pairs of one persona share a run (identity mapping); eval is per method
+    assert f"persona_judgments, persona_preference_pairs [{SUPPORT_PERSONAS[0]}]" in labels
+    evals = [s.partition for s in steps if s.assets == (K("eval_dialogues"),)]
+    assert evals == list(method_partitions.get_partition_keys())
+    assert steps[0].partition is None and K("contexts") in steps[0].assets
+
+
+def _walk_with_failure(graph, failing: tuple[str, str | None]):
+    walk, ran = LineageWalk(graph, set(asset_partitions(graph))), []
+    while (step := walk.next_step()) is not None:
+        ran.append(step)
+        walk.record(step, [k for k in step.assets
+                           if (k.to_user_string(), step.partition) != failing])
+    return walk, ran
+
+
+def test_failed_partition_skips_only_what_reads_it(graph):
+    walk, ran = _walk_with_failure(graph, ("persona_adapters", "catalyst"))
+    adapters = {s.partition for s in ran if s.assets == (K("persona_adapters"),)}
+    assert adapters == set(SUPPORT_PERSONAS)  # the siblings still ran
+    assert walk.failed == {(K("persona_adapters"), "catalyst")}
+    skipped = {k.to_user_string() for k, _ in walk.skipped}
+    assert {"group_rollouts", "director_adapter", "eval_dialogues", "eval_report"} <= skipped
+    assert not any(K("eval_report") in s.assets for s in ran)
+
+
+def test_failed_candidates_block_all_judging(graph):
+    # persona_judgments reads every persona's candidates (AllPartitionMapping)
+    walk, ran = _walk_with_failure(graph, ("candidate_responses", "beacon"))
+    assert {s.partition for s in ran if s.assets == (K("candidate_responses"),)} == set(
+        SUPPORT_PERSONAS)
+    assert {p for k, p in walk.skipped if k == K("persona_judgments")} == set(SUPPORT_PERSONAS)
+
+
+def test_missing_only_walk_treats_the_rest_as_present(graph):
+    todo = {(K("eval_report"), None)}
+    walk = LineageWalk(graph, todo)
+    step = walk.next_step()
+    assert step is not None and step.assets == (K("eval_report"),)
+
+
+def test_duckdb_writers_share_a_pool_and_retry(graph):
+    from mascot_dag.definitions import defs
+
+    for name in ("contexts", "candidate_responses", "persona_judgments", "eval_dialogues",
+                 "eval_scores", "group_rollouts", "persona_adapters"):
+        assert graph.get(K(name)).pools == {DUCKDB_POOL}, name
+        node = defs.resolve_assets_def(K(name)).node_def
+        assert node.retry_policy is not None and node.retry_policy.max_retries >= 1, name
+
+
+def test_prepare_home_writes_instance_settings(tmp_path, monkeypatch):
+    monkeypatch.setenv("MASCOT_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "home" / "dagster"))
+    prepare_home()
+    with dg.DagsterInstance.get() as instance:
+        cfg = instance.get_concurrency_config()
+        assert cfg.pool_config.default_pool_limit == 1
+        assert cfg.run_queue_config.max_concurrent_runs == 1
