@@ -249,3 +249,31 @@ def test_esc_gate_parse_and_vote():
     assert vote(["Information", "Question", "Question"]) == "Question"
     assert vote(["Information", "Question", None]) == "Information"  # tie: earliest proposer
     assert vote([None, None, None]) == FALLBACK_STRATEGY
+
+
+def test_contexts_asset_assigns_the_ood_split(tmp_path, monkeypatch):
+    import dagster as dg
+
+    from mascot_dag.assets import contexts as contexts_mod
+    from mascot_dag.lib.db import query
+    from mascot_dag.resources.settings import LineageSettings
+    from mascot_dag.resources.store import DuckDBStore
+
+    monkeypatch.setenv("MASCOT_HOME", str(tmp_path))
+    db = str(tmp_path / "m.duckdb")
+
+    def run(settings):
+        return dg.materialize([contexts_mod.contexts], raise_on_error=False, resources={
+            "store": DuckDBStore(path=db), "settings": settings})
+
+    assert run(LineageSettings(ood_valences=["neutral"], ood_domains=["committee"])).success
+    df = query(db, "SELECT source, domain, valence, split FROM contexts")
+    ood = df[df.split == "ood"]
+    assert len(ood) and set(ood.valence.dropna()) == {"neutral"}
+    assert set(ood.loc[ood.source == "qmsum", "domain"]) == {"committee"}
+    held = (df.valence == "neutral") | (df.domain == "committee")
+    assert (df.split[held] == "ood").all()
+    assert set(df.split) == {"train", "eval", "ood"}
+    bad = run(LineageSettings(ood_domains=["sports"]))
+    assert not bad.success
+    assert "ood_domains" in str(bad.all_events) and "sports" in str(bad.all_events)

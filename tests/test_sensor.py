@@ -43,5 +43,10 @@ def test_sensor_good_and_malformed(home):
         _drop(home, "good.csv", GOOD)
         result = inbox_sensor(ctx)
         assert len(result.run_requests) == 1
+        # an asset backfill of every partition of the lineage, as Materialize all
+        req = result.run_requests[0]
+        assert req.requires_backfill_daemon()
+        keys = {k.to_user_string() for k in req.asset_graph_subset.asset_keys}
+        assert {"contexts", "candidate_responses", "eval_dialogues", "eval_report"} <= keys
         assert not (home / "inbox" / "good.csv").exists()
         assert list((home / "data" / "incoming").rglob("good*.csv"))
