@@ -261,8 +261,9 @@ def lineage_definitions(resources: dict) -> dg.Definitions:
 def _succeeded(result, step: Step, checks_by_op: dict[str, dg.AssetKey]) -> set[dg.AssetKey]:
     """Assets of the step that materialised and whose blocking checks did not fail."""
     made = {e.asset_key for e in result.get_asset_materialization_events()}
+    # as Dagster blocks: a failed blocking check of severity ERROR (WARN only reports)
     bad = {ev.asset_key for ev in result.get_asset_check_evaluations()
-           if ev.blocking and not ev.passed}
+           if ev.blocking and not ev.passed and ev.severity == dg.AssetCheckSeverity.ERROR}
     for e in result.all_events:
         if e.is_step_failure and e.step_key in checks_by_op:
             bad.add(checks_by_op[e.step_key])

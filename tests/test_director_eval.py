@@ -106,7 +106,8 @@ def test_summary_pairs_units_and_clusters_by_context():
     assert (v.base, v.trained, v.delta) == (0.5, 1.0, 0.5)
     assert (v.n_units, v.n_contexts) == (6, 3)
     assert v.lo == v.hi == 0.5 and v.mark == "*"  # every unit moved by the same amount
-    assert s.loc["fallback_rate", "delta"] == -0.5 and not s.loc["fallback_rate", "higher_is_better"]
+    assert s.loc["fallback_rate", "delta"] == -0.5
+    assert not s.loc["fallback_rate", "higher_is_better"]
     g = s.loc["group_reward"]
     assert g.delta == pytest.approx((0.5 * 4 + 0.625 * 2) / 6 - 0.25)
     assert 0 < g.lo <= g.delta <= g.hi
@@ -265,3 +266,12 @@ def test_n_turn_reward_judges_n_turns(chat, judge):
     (block,) = counting.blocks
     assert len(block) == 2  # the state has one old turn: it pads, then the new turn
     assert block[0]["text"] == ED.turns[0]["text"] and block[1]["speaker"] == "beacon"
+
+
+def test_evaluation_report_has_the_director_section(tmp_path):
+    from mascot_dag.lib.report import ReportInputs, build_report
+
+    data = ReportInputs(pd.DataFrame(), pd.DataFrame(), paper_results=None,
+                        director_comparison=_rows())
+    md = build_report(data, tmp_path).markdown.read_text(encoding="utf-8")
+    assert "## Director: trained vs base" in md and "| group_reward | ↑ |" in md
