@@ -37,7 +37,7 @@ def settings_for(name: str):
             reward_steps=2, reward_batch_size=4, warm_start_steps=1, grpo_steps=1,
             grpo_generations=2, grpo_completion_tokens=8, probe_contexts=2, probe_seeds=1,
             rollout_dialogues=1, agent_turns=2, block_size=2, director_steps=1,
-            eval_contexts=1, gate_min_contexts=1,
+            director_compare_seeds=1, eval_contexts=1, gate_min_contexts=1,
         )
     if name == "study":
         # Sized to SHOW the Stage 1 effect with power within ~1 h on 2 cores: 40 train contexts

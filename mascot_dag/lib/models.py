@@ -38,9 +38,22 @@ def resolve_model(name: str, models_dir: str | os.PathLike) -> str:
     if name != EMBEDDED_MODEL:
         return name
     target = Path(models_dir) / "smollm2-135m-instruct"
-    if (target / "config.json").exists() and (target / "tokenizer_config.json").exists():
+    if _converted(target):
         return str(target)
-    return str(_convert_gguf(smollm2_gguf(), target))
+    # Several processes (Dagster runs, test workers) may ask at once on a fresh machine: one
+    # converts while the others wait on the lock, then find the folder ready.
+    import fcntl
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target.parent / ".convert.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if _converted(target):
+            return str(target)
+        return str(_convert_gguf(smollm2_gguf(), target))
+
+
+def _converted(target: Path) -> bool:
+    return (target / "config.json").exists() and (target / "tokenizer_config.json").exists()
 
 
 def _convert_gguf(gguf: Path, target: Path) -> Path:
