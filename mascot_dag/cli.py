@@ -118,8 +118,10 @@ def query(
     if not home.duckdb.exists():
         typer.echo(f"{home.duckdb} does not exist yet: run `make demo` first", err=True)
         raise typer.Exit(2)
-    df = db.query(home.duckdb, path.read_text(encoding="utf-8"), params or None)
-    typer.echo(df.head(limit).to_string(index=False) if len(df) else "(no rows)")
+    from mascot_dag.lib.markdown import text_table
+
+    df = db.query_pl(home.duckdb, path.read_text(encoding="utf-8"), params or None)
+    typer.echo(text_table(df.head(limit)) if len(df) else "(no rows)")
 
 
 @app.command()
@@ -227,7 +229,7 @@ def rate(
 def probe(arm: str = typer.Option("adapter", help="adapter | warm_start")) -> None:
     """The persona probe pooled over personas: paired gains (arm - base) with context-clustered
     95% CIs, from the DuckDB table persona_probe (written by persona_adapters)."""
-    import pandas as pd
+    import polars as pl
 
     from mascot_dag.lib import db
     from mascot_dag.lib import probe as P
@@ -237,21 +239,24 @@ def probe(arm: str = typer.Option("adapter", help="adapter | warm_start")) -> No
     if not path.exists():
         typer.echo(f"no database at {path}: run `make demo`", err=True)
         raise typer.Exit(2)
-    table = db.query(path, "SELECT * FROM persona_probe WHERE arm IN ('base', ?)", [arm])
-    if table.empty or arm not in set(table.arm):
+    table = db.query_pl(path, "SELECT * FROM persona_probe WHERE arm IN ('base', ?)", [arm])
+    if table.is_empty() or arm not in set(table["arm"]):
         typer.echo(f"no persona_probe rows for arm {arm!r}: materialise persona_adapters", err=True)
         raise typer.Exit(2)
-    table["arm"] = table["arm"].replace({arm: "adapter"})
+    table = table.with_columns(pl.col("arm").replace({arm: "adapter"}))
     summary = P.summarise(table)
     from mascot_dag.lib.types import to_100
 
+    point = to_100(2.0) - to_100(1.0)  # a difference of 1-5 scores is 25 points on 0-100
     for m in ("consistency", "relevance"):
-        for arm in ("base", "adapter"):
-            summary[f"{m}_{arm}_100"] = summary[f"{m}_{arm}"].map(to_100)
-        # a difference of 1-5 scores is a difference of 25 points on 0-100
-        summary[f"{m}_gain_100"] = summary[f"{m}_gain"] * (to_100(2.0) - to_100(1.0))
-    with pd.option_context("display.width", 200, "display.max_columns", 50):
-        typer.echo(summary.round(3).T.to_string())
+        summary = summary.with_columns(
+            *(to_100(pl.col(f"{m}_{a}")).alias(f"{m}_{a}_100") for a in ("base", "adapter")),
+            (pl.col(f"{m}_gain") * point).alias(f"{m}_gain_100"))
+    # one line per measure, one column per persona (the summary transposed: it is wide)
+    rows = summary.with_columns(pl.selectors.float().round(3)).to_dicts()
+    width = max(len(c) for c in summary.columns)
+    for c in summary.columns:
+        typer.echo(f"{c:<{width}}" + "".join(f"  {str(r[c]):>12}" for r in rows))
 
 
 if __name__ == "__main__":

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import math
+from types import SimpleNamespace
 
 import pandas as pd
+import polars as pl
 import pytest
 
 from mascot_dag.lib.dialogue import DialogueConfig, DialogueRecord, DialogueSpec
@@ -14,6 +16,7 @@ from mascot_dag.lib.director import director_messages
 from mascot_dag.lib.director_eval import (
     METRICS,
     ROW_COLUMNS,
+    ROW_SCHEMA,
     report_section,
     run_comparison,
     speaker_entropy,
@@ -96,22 +99,23 @@ def _rows():
             rows.append(unit_row(trained, "trained", "d@v1", [_scores(3, 3 + (c == 0))]))
     rows.append(unit_row(_record("dircmp:s0:lonely", ["ok"], ["anchor"], "c9"), "base", "base",
                          []))  # unpaired: no trained row, so it is not a unit
-    return pd.DataFrame(rows, columns=ROW_COLUMNS)
+    return pl.DataFrame(rows, schema=ROW_SCHEMA)
 
 
 def test_summary_pairs_units_and_clusters_by_context():
-    s = summarise(_rows(), n_boot=500).set_index("metric")
-    assert list(s.index) == list(METRICS)
-    v = s.loc["valid_first"]
+    table = summarise(_rows(), n_boot=500)
+    assert table["metric"].to_list() == list(METRICS)
+    s = {r["metric"]: SimpleNamespace(**r) for r in table.iter_rows(named=True)}
+    v = s["valid_first"]
     assert (v.base, v.trained, v.delta) == (0.5, 1.0, 0.5)
     assert (v.n_units, v.n_contexts) == (6, 3)
     assert v.lo == v.hi == 0.5 and v.mark == "*"  # every unit moved by the same amount
-    assert s.loc["fallback_rate", "delta"] == -0.5
-    assert not s.loc["fallback_rate", "higher_is_better"]
-    g = s.loc["group_reward"]
+    assert s["fallback_rate"].delta == -0.5
+    assert not s["fallback_rate"].higher_is_better
+    g = s["group_reward"]
     assert g.delta == pytest.approx((0.5 * 4 + 0.625 * 2) / 6 - 0.25)
     assert 0 < g.lo <= g.delta <= g.hi
-    assert s.loc["speaker_entropy", "delta"] == 0.0 and s.loc["speaker_entropy", "mark"] == ""
+    assert s["speaker_entropy"].delta == 0.0 and s["speaker_entropy"].mark == ""
     md = "\n".join(report_section(_rows()))
     assert "trained vs base" in md and "| valid_first | ↑ | 0.500 | 1.000 | +0.500" in md
     assert "| 6 / 3 |" in md
@@ -207,12 +211,12 @@ def test_comparison_on_two_states_is_paired(chat, judge, director_lora):
     rec = Recorder(chat)
     rows = run_comparison(specs, rec, DialogueConfig(**FAST), director_lora, judge, block_size=2)
     assert len(rows) == 4 and set(rows["arm"]) == {"base", "trained"}
-    assert set(rows.loc[rows.arm == "trained", "director"]) == {director_lora}
-    for _, g in rows.groupby("dialogue_id"):
-        assert len(g) == 2 and g["seed"].nunique() == 1 and g["context_id"].nunique() == 1
+    assert set(rows.filter(pl.col("arm") == "trained")["director"]) == {director_lora}
+    for _, g in rows.group_by("dialogue_id"):
+        assert len(g) == 2 and g["seed"].n_unique() == 1 and g["context_id"].n_unique() == 1
     assert ((rows["ok_first"] + rows["retried"] + rows["fallback"]) == rows["decisions"]).all()
     assert (rows["decisions"] == 1).all()  # one decision per agent turn
-    assert rows["group_reward"].between(0, 1).all() and (rows["blocks"] >= 1).all()
+    assert rows["group_reward"].is_between(0, 1).all() and (rows["blocks"] >= 1).all()
     # the first director call of each arm: the same states and seeds, only the adapter differs
     first = [c for c in rec.calls if c and c[0].sampling.max_new_tokens == 48]
     base_call = first[0]
@@ -220,7 +224,7 @@ def test_comparison_on_two_states_is_paired(chat, judge, director_lora):
     assert [r.messages for r in base_call] == [r.messages for r in trained_call]
     assert [r.sampling.seed for r in base_call] == [r.sampling.seed for r in trained_call]
     assert {r.adapter for r in base_call} == {None}
-    s = summarise(rows, n_boot=200).set_index("metric")
+    s = summarise(rows, n_boot=200)
     assert (s["n_units"] == 2).all() and (s["n_contexts"] == 2).all()
     assert (s["lo"] <= s["delta"] + 1e-9).all() and (s["delta"] <= s["hi"] + 1e-9).all()
 

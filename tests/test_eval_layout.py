@@ -5,6 +5,7 @@ except in tests/test_methods.py)."""
 from __future__ import annotations
 
 import pandas as pd
+import polars as pl
 import pytest
 
 from mascot_dag.lib.esc import (
@@ -226,7 +227,8 @@ def test_scoring_reports_agent_scores_per_turn(judged):
     ts = pd.DataFrame(rows, columns=TURN_COLUMNS)
     assert len(ts) == 2 * len(AGENT_CRITERIA) and set(ts.speaker) == {"anchor", "catalyst"}
     cons = ts[ts.criterion == "consistency"].value.mean()
-    stored = df[(df.level == "agent") & (df.criterion == "consistency")].value.iloc[0]
+    stored = df.filter((pl.col("level") == "agent")
+                       & (pl.col("criterion") == "consistency"))["value"][0]
     assert stored == pytest.approx(cons)  # the dialogue mean is the mean of the turns
 
 

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import polars as pl
 import pytest
 from conftest import free_port
 
@@ -165,10 +166,11 @@ def test_resubmission_replaces_the_raters_answer_only(tmp_path):
     assert json.loads(c.shown_order[0]) == [item.methods[i] for i in H.shown_order("alice", item)]
     # a failing transaction (a score outside the CHECK) leaves alice's rows as they were
     ratings, choice = H.submission_rows(item, sub)
-    ratings.loc[5, "score"] = 9
+    ratings = ratings.with_columns(
+        score=pl.when(pl.int_range(pl.len()) == 5).then(9).otherwise(pl.col("score")))
     with pytest.raises(Exception, match="(?i)check|constraint"):
         db.replace_many(path, H.replace_changes(item, "alice", ratings,
-                                                choice.assign(best_method="x")))
+                                                choice.with_columns(best_method=pl.lit("x"))))
     after = db.query(path, "SELECT count(*) n, max(score) hi FROM human_ratings "
                            "WHERE rater = 'alice'")
     assert after.to_dict("records") == [{"n": 27, "hi": 2}]
@@ -213,20 +215,23 @@ def test_judge_human_spearman_and_method_means():
                            for lv, c, v in (("agent", "consistency", [1.5, 2.0, 2.5, 4.5][k]),
                                             ("collective", "fidelity", [1.0, 2.0, 4.0, 3.0][k]),
                                             ("automatic", "distinct_1", 0.5))])
-    jh = judge_human(ratings, scores).set_index("criterion")
-    assert jh.loc["consistency", "spearman"] == pytest.approx(1.0)
+    jh_table = judge_human(ratings, scores)
+    jh = {r["criterion"]: r for r in jh_table.iter_rows(named=True)}
+    assert jh["consistency"]["spearman"] == pytest.approx(1.0)
     # human 4,3,2,1 vs judge ranks 1,2,4,3: rho = 1 - 6*sum(d^2)/(n(n^2-1)) = 1 - 6*18/60 = -0.8
-    assert jh.loc["fidelity", "spearman"] == pytest.approx(-0.8)
-    assert set(jh["n_dialogues"]) == {4}
+    assert jh["fidelity"]["spearman"] == pytest.approx(-0.8)
+    assert set(jh_table["n_dialogues"]) == {4}
     # one dialogue less than 3 scored: undefined, not a number
-    assert judge_human(ratings[ratings.dialogue_id.isin(dids[:2])], scores)["spearman"].isna().all()
-    means = method_means(ratings, n_boot=200).set_index(["criterion", "method"])
-    m0 = means.loc[("consistency", "m0")]  # dialogues c0 (1, 2) and c2 (3, 4)
+    assert judge_human(ratings[ratings.dialogue_id.isin(dids[:2])], scores)["spearman"] \
+        .is_null().all()
+    means = {(r["criterion"], r["method"]): r
+             for r in method_means(ratings, n_boot=200).iter_rows(named=True)}
+    m0 = means[("consistency", "m0")]  # dialogues c0 (1, 2) and c2 (3, 4)
     assert m0["mean"] == pytest.approx(2.5) and m0["n_ratings"] == 4 and m0["n_dialogues"] == 2
     assert m0["lo"] <= 2.5 <= m0["hi"] and m0["lo"] >= 1.5 and m0["hi"] <= 3.5
-    agr = rater_agreement(ratings).set_index("criterion")
-    assert agr.loc["fidelity", "alpha"] == pytest.approx(1.0)  # both raters always agree
-    assert agr.loc["fidelity", "n_raters"] == 2 and agr.loc["fidelity", "n_units"] == 4
+    agr = {r["criterion"]: r for r in rater_agreement(ratings).iter_rows(named=True)}
+    assert agr["fidelity"]["alpha"] == pytest.approx(1.0)  # both raters always agree
+    assert agr["fidelity"]["n_raters"] == 2 and agr["fidelity"]["n_units"] == 4
     lines = "\n".join(human_section(ratings, None, scores, ["m1", "m0"]))
     assert "2 raters, 1 items, 4 dialogues, 16 ratings" in lines
     assert "| consistency | 3.50" in lines  # m1 first: dialogues c1 (2, 3) and c3 (4, 5)

@@ -15,6 +15,7 @@ import urllib.request
 from pathlib import Path
 
 import pandas as pd
+import polars as pl
 import pytest
 from conftest import free_port
 
@@ -34,22 +35,24 @@ def test_agreement_rho_n_and_explicit_nan():
     rows = _long("a", [1, 2, 3, 4, 5]) + _long("b", [1, 3, 2, 5, None])  # b failed on item 4
     rows += _long("a", [2, 2, 4], "d") + _long("b", [3, 3, 3], "d")  # b constant on d
     rows += _long("a", [1, 2], "e") + _long("b", [2, 1], "e")  # only 2 shared items
-    agr = agreement(pd.DataFrame(rows), ["item"]).set_index("criterion")
-    assert agr.loc["c", "n"] == 4  # the failed (NULL) score is not a shared item
-    assert agr.loc["c", "rho"] == pytest.approx(0.8)
-    assert math.isnan(agr.loc["d", "rho"]) and agr.loc["d", "note"] == "constant: b"
-    assert math.isnan(agr.loc["e", "rho"]) and "fewer than 3" in agr.loc["e", "note"]
-    assert agr.loc["all", "n"] == 4 + 3 + 2
-    md = agreement_markdown(agr.reset_index())
+    table = agreement(pl.DataFrame(rows), ["item"])
+    agr = {r["criterion"]: r for r in table.iter_rows(named=True)}
+    assert agr["c"]["n"] == 4  # the failed (NULL) score is not a shared item
+    assert agr["c"]["rho"] == pytest.approx(0.8)
+    assert math.isnan(agr["d"]["rho"]) and agr["d"]["note"] == "constant: b"
+    assert math.isnan(agr["e"]["rho"]) and "fewer than 3" in agr["e"]["note"]
+    assert agr["all"]["n"] == 4 + 3 + 2
+    md = agreement_markdown(table)
     assert "n/a (constant: b)" in md and "0.80" in md
     # a status column marks failures too; one judge alone gives an empty table
-    one = pd.DataFrame(_long("a", [1, 2, 3])).assign(status="ok")
-    assert agreement(one, ["item"]).empty
+    one = pl.DataFrame(_long("a", [1, 2, 3])).with_columns(status=pl.lit("ok"))
+    assert agreement(one, ["item"]).is_empty()
     # a judge that failed everywhere still has its rows: n = 0 says so
-    failed = pd.concat([one, pd.DataFrame(_long("b", [2, 3, 1])).assign(status="failed")])
-    zero = agreement(failed, ["item"]).set_index("criterion")
-    assert list(zero.index) == ["all", "c"] and (zero.n == 0).all()
-    assert zero.note.str.contains("fewer than 3 shared items").all()
+    failed = pl.concat([one, pl.DataFrame(_long("b", [2, 3, 1]))
+                        .with_columns(status=pl.lit("failed"))])
+    zero = agreement(failed, ["item"])
+    assert zero["criterion"].to_list() == ["all", "c"] and (zero["n"] == 0).all()
+    assert zero["note"].str.contains("fewer than 3 shared items").all()
     with pytest.raises(ValueError, match="lacks column"):
         agreement(one, ["nope"])
 
@@ -217,13 +220,13 @@ def test_panel_of_embedded_and_served_llm_judge(home, served_model):
     assert scores[scores.judge == "embedded"].value.notna().all()  # deterministic, never fails
 
     agr = agreement(scores, ["method", "dialogue_id", "level"])
-    assert set(agr.criterion) == {"all", *AGENT_CRITERIA, *COLLECTIVE_CRITERIA}
+    assert set(agr["criterion"]) == {"all", *AGENT_CRITERIA, *COLLECTIVE_CRITERIA}
     wide = scores.set_index(["method", "dialogue_id", "level", "criterion", "judge"]).value
     wide = wide.unstack("judge")  # keeps a judge whose every value is NULL
     both = wide[["embedded", "llm"]].dropna()
-    assert agr.set_index("criterion").loc["all", "n"] == len(both)
-    for r in agr.itertuples():
-        assert math.isnan(r.rho) == bool(r.note)  # NaN only with its reason
+    assert agr.filter(pl.col("criterion") == "all")["n"].item() == len(both)
+    for r in agr.iter_rows(named=True):
+        assert math.isnan(r["rho"]) == bool(r["note"])  # NaN only with its reason
     meta = res.asset_materializations_for_node("eval_scores")[0].metadata
     assert "judge A" in meta["judge_agreement"].value or "n/a" in meta["judge_agreement"].value
     assert meta["judge_agreement_n"].value["embedded~llm/all"] == len(both)

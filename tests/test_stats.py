@@ -6,7 +6,7 @@ import json
 import math
 
 import numpy as np
-import pandas as pd
+import polars as pl
 import pytest
 
 from mascot_dag.lib.stats import (
@@ -50,6 +50,10 @@ def test_wilson_known_values():
     assert all(math.isnan(x) for x in wilson_ci(0, 0))
 
 
+def _by(df: pl.DataFrame, key: str) -> dict:
+    return {r[key]: r for r in df.iter_rows(named=True)}
+
+
 def test_win_rates_three_way():
     shown = ["mascot", "zero_shot", "few_shot"]
     records = [
@@ -58,28 +62,28 @@ def test_win_rates_three_way():
         ("c3", shown, "zero_shot"),
         ("c4", shown, None),  # judge failed: not an appearance
     ]
-    wr = win_rates(records).set_index("method")
-    assert wr.loc["mascot", "wins"] == 2 and wr.loc["mascot", "appearances"] == 3
-    assert wr.loc["mascot", "failed"] == 1
-    assert wr.loc["mascot", "win_rate"] == pytest.approx(2 / 3)
-    assert wr.loc["few_shot", "win_rate"] == 0.0
-    assert wr.loc["zero_shot", "chance"] == pytest.approx(1 / 3)
+    wr = _by(win_rates(records), "method")
+    assert wr["mascot"]["wins"] == 2 and wr["mascot"]["appearances"] == 3
+    assert wr["mascot"]["failed"] == 1
+    assert wr["mascot"]["win_rate"] == pytest.approx(2 / 3)
+    assert wr["few_shot"]["win_rate"] == 0.0
+    assert wr["zero_shot"]["chance"] == pytest.approx(1 / 3)
     lo, hi = wilson_ci(2, 3)
-    assert (wr.loc["mascot", "ci_lo"], wr.loc["mascot", "ci_hi"]) == (lo, hi)
+    assert (wr["mascot"]["ci_lo"], wr["mascot"]["ci_hi"]) == (lo, hi)
     assert list(win_rates(records)["method"])[0] == "mascot"  # sorted best first
 
 
 def test_win_rates_from_comparisons_table_and_errors():
-    table = pd.DataFrame(
+    table = pl.DataFrame(
         {
             "comparison_id": ["c1", "c2"],
             "shown_order": [json.dumps(["a", "b", "c"]), json.dumps(["c", "a", "b"])],
             "winner": ["a", None],
         }
     )
-    wr = win_rates(table).set_index("method")
-    assert wr.loc["a", "wins"] == 1 and wr.loc["a", "appearances"] == 1
-    assert wr.loc["b", "failed"] == 1
+    wr = _by(win_rates(table), "method")
+    assert wr["a"]["wins"] == 1 and wr["a"]["appearances"] == 1
+    assert wr["b"]["failed"] == 1
     with pytest.raises(ValueError, match="c9: winner 'z'"):
         win_rates([("c9", ["a", "b"], "z")])
     with pytest.raises(ValueError, match="c1 appears twice"):
@@ -109,10 +113,11 @@ def test_judge_agreement_pairs_and_criteria():
     rows += _scores("llm", [1, 2, 3], "engagement_contribution")
     rows += _scores("embedded", [2, 3, 5], "engagement_contribution")
     rows += [{**r, "judge": "metric", "level": "automatic"} for r in _scores("m", [9, 9, 9, 9])]
-    agr = judge_agreement(pd.DataFrame(rows)).set_index("criterion")
-    assert list(agr["judge_a"].unique()) == ["embedded"]  # metric rows are not a judge
-    assert agr.loc["fidelity", "spearman"] == pytest.approx(-1.0)
-    assert agr.loc["engagement_contribution", "spearman"] == pytest.approx(1.0)
-    assert agr.loc["all", "n_items"] == 7
-    single = judge_agreement(pd.DataFrame(_scores("llm", [1, 2, 3])))
-    assert single.empty
+    agr = judge_agreement(pl.DataFrame(rows))
+    assert agr["judge_a"].unique().to_list() == ["embedded"]  # metric rows are not a judge
+    agr = _by(agr, "criterion")
+    assert agr["fidelity"]["spearman"] == pytest.approx(-1.0)
+    assert agr["engagement_contribution"]["spearman"] == pytest.approx(1.0)
+    assert agr["all"]["n_items"] == 7
+    single = judge_agreement(pl.DataFrame(_scores("llm", [1, 2, 3])))
+    assert single.is_empty()

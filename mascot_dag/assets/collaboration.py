@@ -4,7 +4,7 @@ import json
 from dataclasses import replace
 
 import dagster as dg
-import pandas as pd
+import polars as pl
 
 from mascot_dag.assets.common import (
     DUCKDB_POOL,
@@ -20,7 +20,7 @@ from mascot_dag.lib.dialogue import DialogueConfig, blocks, run_dialogues
 from mascot_dag.lib.home import Home
 from mascot_dag.lib.judges.agreement import agreement, agreement_markdown
 from mascot_dag.lib.judges.base import BlockItem
-from mascot_dag.lib.rollout import build_specs, record_frames, records_from_frames
+from mascot_dag.lib.rollout import build_specs, record_tables, records_from_frames
 from mascot_dag.lib.tables import context_from_row, score_rows
 from mascot_dag.lib.users import load_user_profiles
 from mascot_dag.resources.judge import JudgePanelResource
@@ -30,6 +30,10 @@ from mascot_dag.resources.store import DuckDBStore
 from mascot_dag.resources.tracking import MLflowResource
 
 EXPERIMENT = "stage2_collaboration"
+# the `group_judgments` rows (score NULL where a judge failed)
+BLOCK_JUDGMENT_SCHEMA = {"dialogue_id": pl.String, "block_idx": pl.Int64, "judge": pl.String,
+                         "criterion": pl.String, "score": pl.Float64, "rationale": pl.String,
+                         "status": pl.String, "raw_output": pl.String}
 ROLLOUT_PREFIX = "rollout"
 
 
@@ -39,10 +43,10 @@ def pick_contexts(store: DuckDBStore, split: str, per_mode: int, required: bool 
     out = []
     for source in ("empatheticdialogues", "qmsum"):
         limit = f"LIMIT {int(per_mode)}" if per_mode else ""
-        rows = store.query(
+        rows = store.frame(
             f"SELECT * FROM contexts WHERE split = ? AND source = ? ORDER BY md5(context_id) {limit}",
             [split, source],
-        ).to_dict("records")
+        ).to_dicts()
         out += [context_from_row(r) for r in rows]
     if not out and required:
         raise ValueError(f"no {split} contexts: materialise `contexts` first")
@@ -64,7 +68,7 @@ def dialogue_config(settings: LineageSettings, **overrides) -> DialogueConfig:
 
 
 def write_dialogues(store: DuckDBStore, records, prefix: str) -> tuple:
-    dialogues, turns, directives = record_frames(records)
+    dialogues, turns, directives = record_tables(records)
     like = [f"{prefix}:%"]
     store.replace_many([
         ("dialogues", dialogues, "dialogue_id LIKE ?", like),
@@ -75,13 +79,14 @@ def write_dialogues(store: DuckDBStore, records, prefix: str) -> tuple:
 
 
 def dialogue_metadata(dialogues, turns, directives, **extra) -> dict:
-    agent = turns[turns.role == "agent"]
+    agent = turns.filter(pl.col("role") == "agent")
+    directed = agent.join(directives, on=["dialogue_id", "turn_idx"], how="inner")
     return table_metadata(
-        turns[["dialogue_id", "turn_idx", "speaker", "text"]],
+        turns.select("dialogue_id", "turn_idx", "speaker", "text"),
         dialogues=len(dialogues),
         by_mode=counts(dialogues, "mode"),
         agent_turns=len(agent),
-        agent_turns_with_directive=int(agent.merge(directives, on=["dialogue_id", "turn_idx"]).shape[0]),
+        agent_turns_with_directive=directed.height,
         directive_status=counts(directives, "status") if len(directives) else {},
         speakers=counts(agent, "speaker"),
         **extra,
@@ -103,19 +108,19 @@ def group_rollouts(
     d, t, x = write_dialogues(store, records, ROLLOUT_PREFIX)
     return dg.MaterializeResult(metadata=dialogue_metadata(
         d, t, x, persona_adapter_versions=versions,
-        fallback_rate=float((x.status == "fallback").mean()) if len(x) else 0.0))
+        fallback_rate=float((x["status"] == "fallback").mean()) if len(x) else 0.0))
 
 
-def judge_blocks(store: DuckDBStore, judges: list, prefix: str, block_size: int) -> pd.DataFrame:
+def judge_blocks(store: DuckDBStore, judges: list, prefix: str, block_size: int) -> pl.DataFrame:
     """Collective-rubric scores of every N-turn block of the dialogues under `prefix`, by each
     of `judges` (lib judges), one row per judge."""
     like = [f"{prefix}:%"]
-    dialogues = store.query("SELECT * FROM dialogues WHERE dialogue_id LIKE ?", like)
-    turns = store.query("SELECT * FROM turns WHERE dialogue_id LIKE ?", like)
-    ctx = dict(store.query("SELECT context_id, text FROM contexts").values.tolist())
+    dialogues = store.frame("SELECT * FROM dialogues WHERE dialogue_id LIKE ?", like)
+    turns = store.frame("SELECT * FROM turns WHERE dialogue_id LIKE ?", like)
+    ctx = dict(store.frame("SELECT context_id, text FROM contexts").rows())
     roster = rosters(store)
     items, keys = [], []
-    for rec in records_from_frames(dialogues, turns, turns.iloc[0:0]):
+    for rec in records_from_frames(dialogues, turns, turns.clear()):
         r = roster["support" if rec.dialogue["mode"] == "support" else "workplace"]
         for b, block in enumerate(blocks(rec.turns, block_size)):
             items.append(BlockItem(ctx[rec.dialogue["context_id"]], r,
@@ -125,8 +130,7 @@ def judge_blocks(store: DuckDBStore, judges: list, prefix: str, block_size: int)
     for j in judges:
         for (did, b), scores in zip(keys, j.score_blocks(items) if items else [], strict=True):
             rows += score_rows(scores, dialogue_id=did, block_idx=b, judge=j.name)
-    return pd.DataFrame(rows, columns=["dialogue_id", "block_idx", "judge", "criterion", "score",
-                                       "rationale", "status", "raw_output"])
+    return pl.DataFrame(rows, schema=BLOCK_JUDGMENT_SCHEMA)
 
 
 @dg.asset(group_name="collaboration", deps=[group_rollouts], kinds={"duckdb"},
@@ -138,15 +142,15 @@ def group_judgments(
     judge of the panel."""
     df = judge_blocks(store, judges.judges(), ROLLOUT_PREFIX, settings.block_size)
     store.replace("group_judgments", df, "dialogue_id LIKE ?", [f"{ROLLOUT_PREFIX}:%"])
-    ok = df[df.status == "ok"]
+    means = (df.filter(pl.col("status") == "ok").group_by("judge", "criterion")
+             .agg(pl.col("score").mean()).sort("judge", "criterion"))
+    failure = df.group_by("judge").agg((pl.col("status") == "failed").mean()).sort("judge")
     return dg.MaterializeResult(metadata=table_metadata(
-        df[["dialogue_id", "block_idx", "criterion", "score"]],
-        blocks=int(df[["dialogue_id", "block_idx"]].drop_duplicates().shape[0]),
-        mean_by_criterion={f"{j}/{c}": round(float(v), 3) for (j, c), v
-                           in ok.groupby(["judge", "criterion"]).score.mean().items()},
-        failure_rate=float((df.status == "failed").mean()) if len(df) else 0.0,
-        failure_rate_by_judge={k: float((g.status == "failed").mean())
-                               for k, g in df.groupby("judge")},
+        df.select("dialogue_id", "block_idx", "criterion", "score"),
+        blocks=df.select("dialogue_id", "block_idx").unique().height,
+        mean_by_criterion={f"{j}/{c}": round(v, 3) for j, c, v in means.rows() if v is not None},
+        failure_rate=float((df["status"] == "failed").mean()) if len(df) else 0.0,
+        failure_rate_by_judge=dict(failure.rows()),
         judge_agreement=dg.MetadataValue.md(agreement_markdown(
             agreement(df, ["dialogue_id", "block_idx"], value="score"))),
     ))
@@ -189,9 +193,9 @@ def director_adapter(
     from mascot_dag.lib.training.grpo import train_grpo_adapter
 
     like = [f"{ROLLOUT_PREFIX}:%"]
-    dialogues = store.query("SELECT * FROM dialogues WHERE dialogue_id LIKE ?", like)
-    turns = store.query("SELECT * FROM turns WHERE dialogue_id LIKE ?", like)
-    records = records_from_frames(dialogues, turns, turns.iloc[0:0])
+    dialogues = store.frame("SELECT * FROM dialogues WHERE dialogue_id LIKE ?", like)
+    turns = store.frame("SELECT * FROM turns WHERE dialogue_id LIKE ?", like)
+    records = records_from_frames(dialogues, turns, turns.clear())
     roster = rosters(store)
     specs = {s.dialogue_id: s for s in build_specs(
         pick_contexts(store, "train", settings.rollout_dialogues), roster, load_user_profiles(),
@@ -239,9 +243,9 @@ def director_adapter(
 
 @dg.asset_check(asset=group_rollouts, blocking=True)
 def group_rollouts_directive_every_agent_turn_check(store: DuckDBStore) -> dg.AssetCheckResult:
-    missing = store.query(
+    missing = store.frame(
         "SELECT count(*) AS n FROM turns t LEFT JOIN directives d USING (dialogue_id, turn_idx) "
         "WHERE t.role = 'agent' AND t.dialogue_id LIKE 'rollout:%' AND d.speaker IS NULL"
-    ).n.iloc[0]
+    )["n"].item()
     return dg.AssetCheckResult(passed=int(missing) == 0,
                                metadata={"agent_turns_without_directive": int(missing)})

@@ -7,30 +7,13 @@ import dagster as dg
 import polars as pl
 
 from mascot_dag.lib.frames import to_polars
+from mascot_dag.lib.markdown import markdown_table
 from mascot_dag.lib.personas import load_personas, personas_of_set
 
 # Stage 1 trains the emotional-support set; its persona ids are the partitions of the per-persona
 # assets. Read from the packaged persona files when the code location loads (cheap YAML parsing).
 SUPPORT_PERSONAS = [c.persona_id for c in personas_of_set(load_personas(), "support")]
 persona_partitions = dg.StaticPartitionsDefinition(SUPPORT_PERSONAS)
-
-def markdown_table(df, width: int = 0) -> str:
-    """A markdown table of a polars (or pandas) frame; text cells over `width` (> 0) are cut,
-    floats printed like tabulate's default (`g`), pipes and newlines escaped."""
-    def cell(v) -> str:
-        if v is None:
-            return ""
-        if isinstance(v, float):
-            return f"{v:g}"
-        text = str(v)
-        if width and isinstance(v, str) and len(text) > width:
-            text = text[: width - 1] + "…"
-        return text.replace("|", "\\|").replace("\n", " ")
-
-    df = to_polars(df)
-    lines = ["| " + " | ".join(df.columns) + " |", "|" + "|".join("---" for _ in df.columns) + "|"]
-    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in df.rows()]
-    return "\n".join(lines)
 
 def preview(df, n: int = 5, width: int = 80) -> dg.MetadataValue:
     """A short markdown preview with long cells cut, so the UI stays readable."""

@@ -1,8 +1,10 @@
 """Stage 2 (group `collaboration`): the trained director against the base director, paired."""
 
 import math
+from types import SimpleNamespace
 
 import dagster as dg
+import polars.selectors as cs
 
 from mascot_dag.assets.collaboration import (
     dialogue_config,
@@ -12,6 +14,7 @@ from mascot_dag.assets.collaboration import (
 )
 from mascot_dag.assets.common import DUCKDB_POOL, TRANSIENT_RETRY, table_metadata
 from mascot_dag.assets.registry import DIRECTOR_MODEL, attach, attach_personas
+from mascot_dag.lib.markdown import markdown_table
 from mascot_dag.lib.rollout import build_specs
 from mascot_dag.lib.users import load_user_profiles
 from mascot_dag.resources.judge import JudgePanelResource
@@ -74,15 +77,16 @@ def director_comparison(
     by_metric = {r.metric: {"base": num(r.base), "trained": num(r.trained), "delta": num(r.delta),
                             "ci": [num(r.lo), num(r.hi)], "n_units": r.n_units,
                             "n_contexts": r.n_contexts}
-                 for r in summary.itertuples(index=False)}
+                 for r in (SimpleNamespace(**row) for row in summary.iter_rows(named=True))}
     return dg.MaterializeResult(metadata={
-        **table_metadata(rows.drop(columns=["speakers", "statuses"])),
-        "summary": dg.MetadataValue.md(summary.round(4).to_markdown(index=False)),
+        **table_metadata(rows.drop("speakers", "statuses")),
+        "summary": dg.MetadataValue.md(markdown_table(summary.with_columns(
+            cs.float().round(4)))),
         "metrics": by_metric,
         "director_version": f"{DIRECTOR_MODEL}/{version}",
         "group_judge": reward_judge.name,
         "persona_adapter_versions": versions,
         "director_training": training_params(tracking, version),
-        "units": int(rows["dialogue_id"].nunique()),
-        "contexts": int(rows["context_id"].nunique()),
+        "units": rows["dialogue_id"].n_unique(),
+        "contexts": rows["context_id"].n_unique(),
     })

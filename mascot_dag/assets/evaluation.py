@@ -4,11 +4,12 @@ reported, and the champion gate that moves the MLflow `champion` alias.
 
 import dataclasses
 import json
+import math
 import random
 import time
 
 import dagster as dg
-import pandas as pd
+import polars as pl
 
 from mascot_dag.assets.collaboration import (
     dialogue_config,
@@ -20,6 +21,7 @@ from mascot_dag.assets.collaboration import (
 from mascot_dag.assets.common import DUCKDB_POOL, TRANSIENT_RETRY, table_metadata
 from mascot_dag.assets.registry import DIRECTOR_MODEL, attach, attach_personas, attach_policy_sft
 from mascot_dag.lib import champion as gate
+from mascot_dag.lib.frames import to_polars
 from mascot_dag.lib.home import Home
 from mascot_dag.lib.judges.agreement import agreement, agreement_markdown
 from mascot_dag.lib.methods import ASSISTANT, METHODS, run_method
@@ -97,11 +99,13 @@ def _identifier(store: DuckDBStore):
     the Stage 1 candidates and the Stage 2 rollout agent turns."""
     from mascot_dag.lib.metrics import PersonaIdentifier
 
-    df = store.query(
+    df = store.frame(
         "SELECT text, persona_id AS speaker FROM candidates UNION ALL "
         "SELECT text, speaker FROM turns WHERE role = 'agent' AND dialogue_id LIKE 'rollout:%'")
-    df = df[df.text.str.strip() != ""]
-    return PersonaIdentifier(df.text.tolist(), df.speaker.tolist()) if df.speaker.nunique() >= 2 else None
+    df = df.filter(pl.col("text").str.strip_chars() != "")
+    if df["speaker"].n_unique() < 2:
+        return None
+    return PersonaIdentifier(df["text"].to_list(), df["speaker"].to_list())
 
 
 @dg.asset(group_name="evaluation", deps=[eval_dialogues], kinds={"duckdb"},
@@ -111,42 +115,45 @@ def eval_scores(
 ) -> dg.MaterializeResult:
     """Agent-level and collective judge scores (1-5) per dialogue by every judge of the panel,
     their agreement (Spearman per criterion), plus automatic metrics."""
-    from mascot_dag.lib.scoring import TURN_COLUMNS, score_dialogues
+    from mascot_dag.lib.scoring import TURN_SCHEMA, score_dialogues
 
-    dialogues = store.query("SELECT * FROM dialogues WHERE stage = 'eval'")
-    turns = store.query("SELECT * FROM turns WHERE dialogue_id LIKE 'eval:%' ORDER BY dialogue_id, turn_idx")
-    if dialogues.empty:
+    dialogues = store.frame("SELECT * FROM dialogues WHERE stage = 'eval'")
+    turns = store.frame("SELECT * FROM turns WHERE dialogue_id LIKE 'eval:%' "
+                        "ORDER BY dialogue_id, turn_idx")
+    if dialogues.is_empty():
         raise ValueError("no eval dialogues: materialise eval_dialogues (all method partitions)")
-    ctx = dict(store.query("SELECT context_id, text FROM contexts").values.tolist())
+    ctx = dict(store.frame("SELECT context_id, text FROM contexts").rows())
     r = rosters(store)
     cards = {c.persona_id: c for c in r["support"] + r["workplace"] + [ASSISTANT]}
     turn_rows: list[dict] = []
     df = score_dialogues(dialogues, turns, ctx, cards, r, judges.judges(), settings.block_size,
                          embed=_embedder(), identifier=_identifier(store), turn_rows=turn_rows)
+    turn_df = pl.DataFrame(turn_rows, schema=TURN_SCHEMA).with_columns(
+        pl.col("value").fill_nan(None))
     store.replace_many([("eval_scores", df, None, None),
-                        ("eval_turn_scores", pd.DataFrame(turn_rows, columns=TURN_COLUMNS),
-                         None, None)])
-    overall = {m: gate.overall_score(df, m) for m in sorted(df.method.unique())}
-    judged = df[df.level != "automatic"]
-    turn_df = pd.DataFrame(turn_rows, columns=TURN_COLUMNS)
+                        ("eval_turn_scores", turn_df, None, None)])
+    overall = {m: gate.overall_score(df, m) for m in sorted(df["method"].unique().to_list())}
+    judged = df.filter(pl.col("level") != "automatic")
     agr = agreement(judged, ["method", "dialogue_id", "level"])
+
+    def nulls_by_judge(frame: pl.DataFrame) -> dict[str, int]:
+        return dict(sorted(frame.group_by("judge").agg(pl.col("value").is_null().sum()).rows()))
+
     return dg.MaterializeResult(metadata=table_metadata(
-        df.head(200), methods=int(df.method.nunique()),
-        rows_by_level={k: int(v) for k, v in df.level.value_counts().items()},
+        df.head(200), methods=df["method"].n_unique(),
+        rows_by_level=dict(sorted(df["level"].value_counts().rows())),
         overall_0_100={k: round(v, 2) for k, v in overall.items() if v is not None},
-        judges=sorted(judged.judge.unique().tolist()),
+        judges=sorted(judged["judge"].unique().to_list()),
         # failed judgments are NULL values, never defaults: per agent turn, and per dialogue
         # where every judgment of a criterion failed
-        failed_agent_turn_scores_by_judge={k: int(g.value.isna().sum())
-                                           for k, g in turn_df.groupby("judge")},
-        null_dialogue_scores_by_judge={k: int(g.value.isna().sum())
-                                       for k, g in judged.groupby("judge")},
+        failed_agent_turn_scores_by_judge=nulls_by_judge(turn_df),
+        null_dialogue_scores_by_judge=nulls_by_judge(judged),
         judge_agreement=dg.MetadataValue.md(agreement_markdown(agr)),
-        judge_agreement_rho={f"{r.judge_a}~{r.judge_b}/{r.criterion}":
-                             None if pd.isna(r.rho) else round(float(r.rho), 3)
-                             for r in agr.itertuples()},
-        judge_agreement_n={f"{r.judge_a}~{r.judge_b}/{r.criterion}": int(r.n)
-                           for r in agr.itertuples()}))
+        judge_agreement_rho={f"{r['judge_a']}~{r['judge_b']}/{r['criterion']}":
+                             None if math.isnan(r["rho"]) else round(r["rho"], 3)
+                             for r in agr.iter_rows(named=True)},
+        judge_agreement_n={f"{r['judge_a']}~{r['judge_b']}/{r['criterion']}": r["n"]
+                           for r in agr.iter_rows(named=True)}))
 
 
 @dg.asset(group_name="evaluation", deps=[eval_dialogues], kinds={"duckdb"},
@@ -157,39 +164,41 @@ def three_way_comparisons(
     """On each eval context the three-way picker (`judges.three_way_judge`: a judge, the panel,
     or the metric picker independent of the training judge) picks the best of MASCOT and two
     other methods (shuffled)."""
-    turns = store.query("SELECT t.*, d.method, d.context_id FROM turns t JOIN dialogues d "
+    turns = store.frame("SELECT t.*, d.method, d.context_id FROM turns t JOIN dialogues d "
                         "USING (dialogue_id) WHERE d.stage = 'eval' ORDER BY t.turn_idx")
-    ctx = dict(store.query("SELECT context_id, text FROM contexts").values.tolist())
+    ctx = dict(store.frame("SELECT context_id, text FROM contexts").rows())
     others = [m for m in METHODS if m != "mascot"]
     j = judges.picker()
     rows = []
-    for i, (cid, g) in enumerate(sorted(turns.groupby("context_id"), key=lambda kv: kv[0])):
-        present = set(g.method)
+    by_context = turns.partition_by("context_id", as_dict=True)  # keeps the turn order
+    for i, ((cid,), g) in enumerate(sorted(by_context.items(), key=lambda kv: kv[0])):
+        present = set(g["method"])
         pool = [m for m in others if m in present]
         if "mascot" not in present or len(pool) < 2:
             continue
         for k in range(max(1, len(pool) // 2)):
             trio = ["mascot", pool[(2 * (i + k)) % len(pool)], pool[(2 * (i + k) + 1) % len(pool)]]
             random.Random(f"{settings.seed}:{cid}:{k}").shuffle(trio)
-            options = [g[g.method == m][["speaker", "text"]].to_dict("records") for m in trio]
+            options = [g.filter(pl.col("method") == m).select("speaker", "text").to_dicts()
+                       for m in trio]
             best = j.pick_best(ctx[cid], options)
             rows.append({"comparison_id": f"{cid}:{k}:{j.name}", "context_id": cid, "judge": j.name,
                          "shown_order": json.dumps(trio),
                          "winner": trio[best] if best is not None else None,
                          "status": "ok" if best is not None else "failed"})
-    df = pd.DataFrame(rows, columns=["comparison_id", "context_id", "judge", "shown_order",
-                                     "winner", "status"])
+    df = pl.DataFrame(rows, schema=dict.fromkeys(["comparison_id", "context_id", "judge",
+                                                   "shown_order", "winner", "status"], pl.String))
     store.replace("comparisons", df)
     return dg.MaterializeResult(metadata=table_metadata(
         df, comparisons=len(df), judge=j.name,
-        mascot_wins=int((df.winner == "mascot").sum()) if len(df) else 0))
+        mascot_wins=int((df["winner"] == "mascot").sum())))
 
 
 def _mascot_versions(store: DuckDBStore, method: str = "mascot") -> dict:
     """Adapter versions the method's eval dialogues used (`mascot`: what the gate would promote)."""
     out = {}
-    for models in store.query("SELECT models FROM dialogues WHERE method = ? AND stage = 'eval'",
-                              [method]).models:
+    for models in store.frame("SELECT models FROM dialogues WHERE method = ? AND stage = 'eval'",
+                              [method])["models"]:
         m = json.loads(models)
         for name in [*m.get("personas", {}).values(), m.get("director")]:
             if name and "@v" in name:
@@ -204,15 +213,16 @@ def champion_exists(tracking: MLflowResource) -> bool:
 
 
 def current_champion_scores(store: DuckDBStore, tracking: MLflowResource,
-                            scores: pd.DataFrame) -> pd.DataFrame:
+                            scores: pl.DataFrame) -> pl.DataFrame:
     """eval_scores without `champion` rows that another champion produced: a champion partition
     left over from an earlier run (before the alias moved) must not stand in for the current one;
     the gate then fails closed (no paired contexts)."""
     alias = tracking.get_alias_version(DIRECTOR_MODEL, "champion")
     used = _mascot_versions(store, gate.CHAMPION).get(DIRECTOR_MODEL)
+    scores = to_polars(scores)
     if alias is not None and used == alias:
         return scores
-    return scores[scores["method"] != gate.CHAMPION]
+    return scores.filter(pl.col("method") != gate.CHAMPION)
 
 
 def apply_gate(tracking: MLflowResource, decision, versions: dict) -> list[str]:

@@ -8,7 +8,7 @@ another persona's voice on the rejected side (lib/preferences.py).
 """
 
 import dagster as dg
-import pandas as pd
+import polars as pl
 
 from mascot_dag.assets.common import (
     DUCKDB_POOL,
@@ -22,6 +22,7 @@ from mascot_dag.lib.judges.base import ResponseItem
 from mascot_dag.lib.judges.panel import training_judgments
 from mascot_dag.lib.llm.cache import CachedChat
 from mascot_dag.lib.preferences import candidate_id, candidate_seed, make_pairs, mean_scores
+from mascot_dag.lib.stats import describe
 from mascot_dag.lib.tables import card_from_row, context_from_row, score_rows
 from mascot_dag.lib.types import ChatRequest, SamplingParams
 from mascot_dag.resources.judge import JudgePanelResource
@@ -30,6 +31,11 @@ from mascot_dag.resources.settings import LineageSettings
 from mascot_dag.resources.store import DuckDBStore
 from mascot_dag.resources.tracking import MLflowResource
 
+# the `judgments` rows persona_judgments writes (score NULL where a judge failed)
+JUDGMENT_SCHEMA = {"target_id": pl.String, "persona_id": pl.String, "judge": pl.String,
+                   "criterion": pl.String, "score": pl.Float64, "rationale": pl.String,
+                   "status": pl.String, "raw_output": pl.String}
+
 SOURCE_OF_SET = {"support": "empatheticdialogues", "workplace": "qmsum"}
 
 def persona_set_contexts(store: DuckDBStore, settings: LineageSettings, split: str, limit: int):
@@ -37,11 +43,11 @@ def persona_set_contexts(store: DuckDBStore, settings: LineageSettings, split: s
     source = SOURCE_OF_SET[settings.train_persona_set]
     limit_sql = f"LIMIT {int(limit)}" if limit else ""
     # md5 order: a deterministic sample that mixes valences instead of the first N ids.
-    rows = store.query(
+    rows = store.frame(
         "SELECT * FROM contexts WHERE split = ? AND source = ? "
         f"ORDER BY md5(context_id) {limit_sql}",
         [split, source],
-    ).to_dict("records")
+    ).to_dicts()
     if not rows:
         raise ValueError(f"no {split} contexts from {source}: materialise `contexts` first")
     return [context_from_row(r) for r in rows]
@@ -51,10 +57,11 @@ def train_contexts(store: DuckDBStore, settings: LineageSettings):
     return persona_set_contexts(store, settings, "train", settings.max_train_contexts)
 
 def load_roster(store: DuckDBStore, persona_set: str):
-    rows = store.query("SELECT * FROM personas WHERE persona_set = ? ORDER BY persona_id", [persona_set])
-    if rows.empty:
+    rows = store.frame("SELECT * FROM personas WHERE persona_set = ? ORDER BY persona_id",
+                       [persona_set])
+    if rows.is_empty():
         raise ValueError(f"no personas of set {persona_set!r}: materialise `persona_cards` first")
-    return [card_from_row(r) for r in rows.to_dict("records")]
+    return [card_from_row(r) for r in rows.to_dicts()]
 
 def policy_adapter(chat: ChatModelResource, tracking, settings: LineageSettings) -> str | None:
     """The chat adapter name of pi_SFT (loaded into the backend), or None for policy_init=base."""
@@ -97,25 +104,26 @@ def candidate_responses(
             meta.append((c.context_id, k, seed))
     cached = CachedChat(chat.backend(), store.db_path, chat.model_name)
     results = cached.generate(requests)
-    df = pd.DataFrame(
+    df = pl.DataFrame(
         [
             {"candidate_id": candidate_id(cid, persona, k), "context_id": cid, "persona_id": persona,
              "sample_idx": k, "prompt_style": settings.candidate_prompt_style,
              "model": f"{chat.model_name}+{adapter}" if adapter else chat.model_name,
              "text": r.text, "completion_tokens": r.completion_tokens, "seed": seed}
             for (cid, k, seed), r in zip(meta, results, strict=True)
-        ]
+        ],
+        infer_schema_length=None,
     )
     store.replace("candidates", df, "persona_id = ?", [persona])
     return dg.MaterializeResult(
         metadata=table_metadata(
-            df[["candidate_id", "text", "completion_tokens"]],
+            df.select("candidate_id", "text", "completion_tokens"),
             contexts=len(ctxs),
             policy=adapter or "base",
             cache_hits=cached.hits,
             cache_misses=cached.misses,
-            mean_completion_tokens=float(df.completion_tokens.mean()),
-            empty_texts=int((df.text.str.strip() == "").sum()),
+            mean_completion_tokens=float(df["completion_tokens"].mean()),
+            empty_texts=int((df["text"].str.strip_chars() == "").sum()),
         )
     )
 
@@ -140,31 +148,33 @@ def persona_judgments(
     roster = load_roster(store, settings.train_persona_set)
     card = next(c for c in roster if c.persona_id == persona)
     which = "" if settings.cross_persona_pairs else "WHERE c.persona_id = ?"
-    cands = store.query(
+    cands = store.frame(
         "SELECT c.candidate_id, c.text, x.text AS context_text FROM candidates c "
         f"JOIN contexts x USING (context_id) {which} ORDER BY c.candidate_id",
         [] if settings.cross_persona_pairs else [persona],
     )
-    if cands.empty:
+    if cands.is_empty():
         raise ValueError(f"no candidates for persona {persona}: materialise candidate_responses")
-    items = [ResponseItem(r.context_text, card, roster, r.text, []) for r in cands.itertuples()]
+    items = [ResponseItem(ctx_text, card, roster, text, [])
+             for ctx_text, text in cands.select("context_text", "text").iter_rows()]
     rows = []
     for j in judges.judges():
-        for cid, scores in zip(cands.candidate_id, j.score_responses(items), strict=True):
+        for cid, scores in zip(cands["candidate_id"], j.score_responses(items), strict=True):
             rows += score_rows(scores, target_id=cid, persona_id=persona, judge=j.name)
-    df = pd.DataFrame(rows)
+    df = pl.DataFrame(rows, schema=JUDGMENT_SCHEMA)
     # every judge's rows of this persona at once: a judge dropped from the panel leaves none
     store.replace("judgments", df, "persona_id = ?", [persona])
-    by_judge = df.groupby("judge")
-    ok = df[df.status == "ok"]
+    failure = df.group_by("judge").agg((pl.col("status") == "failed").mean()).sort("judge")
+    means = (df.filter(pl.col("status") == "ok").group_by("judge", "criterion")
+             .agg(pl.col("score").mean()).sort("judge", "criterion"))
     return dg.MaterializeResult(
         metadata=table_metadata(
-            df[["target_id", "judge", "criterion", "score", "rationale"]],
-            judges=sorted(df.judge.unique().tolist()),
+            df.select("target_id", "judge", "criterion", "score", "rationale"),
+            judges=sorted(df["judge"].unique().to_list()),
             training_judge=judges.training_judge,
-            failure_rate_by_judge={k: float((g.status == "failed").mean()) for k, g in by_judge},
-            mean_score_by_criterion={f"{j}/{c}": round(float(v), 3) for (j, c), v in
-                                     ok.groupby(["judge", "criterion"]).score.mean().items()},
+            failure_rate_by_judge=dict(failure.rows()),
+            mean_score_by_criterion={f"{j}/{c}": round(v, 3) for j, c, v in means.rows()
+                                     if v is not None},
             judge_agreement=dg.MetadataValue.md(agreement_markdown(
                 agreement(df, ["target_id", "persona_id"], value="score"))),
         )
@@ -186,27 +196,27 @@ def persona_preference_pairs(
     ranked on the panel's training judge (lib/judges/panel.py)."""
     persona = context.partition_key
     which = "" if settings.cross_persona_pairs else "WHERE persona_id = ?"
-    cands = store.query(f"SELECT candidate_id, context_id, persona_id FROM candidates {which}",
+    cands = store.frame(f"SELECT candidate_id, context_id, persona_id FROM candidates {which}",
                         [] if settings.cross_persona_pairs else [persona])
-    judg = training_judgments(store.query("SELECT * FROM judgments WHERE persona_id = ?",
+    judg = training_judgments(store.frame("SELECT * FROM judgments WHERE persona_id = ?",
                                           [persona]), judges.training_judge)
     scores = mean_scores(judg, settings.persona_score_weight)
     pairs = make_pairs(cands, scores, settings.preference_delta, persona=persona,
                        max_per_context=settings.max_pairs_per_context)
     store.replace("preference_pairs", pairs, "persona_id = ?", [persona])
-    margins = pairs.margin.describe().round(3).to_dict() if len(pairs) else {}
-    if pairs.empty:
+    margins = {k: round(v, 3) for k, v in describe(pairs["margin"].to_list()).items()}
+    if pairs.is_empty():
         context.log.warning(f"{persona}: no candidate pair differs by >= {settings.preference_delta}")
     return dg.MaterializeResult(
         metadata=table_metadata(
-            pairs[["pair_id", "chosen_id", "rejected_id", "margin"]],
+            pairs.select("pair_id", "chosen_id", "rejected_id", "margin"),
             pairs=len(pairs),
             delta=settings.preference_delta,
             training_judge=judges.training_judge,
             margin_distribution={k: float(v) for k, v in margins.items()},
-            contexts_with_pairs=int(pairs.context_id.nunique()) if len(pairs) else 0,
+            contexts_with_pairs=pairs["context_id"].n_unique(),
             cross_persona_rejected=int(
-                (~pairs.rejected_id.str.contains(f"|{persona}|", regex=False)).sum()),
+                (~pairs["rejected_id"].str.contains(f"|{persona}|", literal=True)).sum()),
         )
     )
 
@@ -214,8 +224,8 @@ def persona_preference_pairs(
 def persona_preference_pairs_margin_check(
     context: dg.AssetCheckExecutionContext, store: DuckDBStore, settings: LineageSettings
 ) -> dg.AssetCheckResult:
-    bad = store.query(
+    bad = store.frame(
         "SELECT count(*) AS n FROM preference_pairs WHERE margin < ? OR chosen_id = rejected_id",
         [settings.preference_delta - 1e-9],
-    ).n.iloc[0]
+    )["n"].item()
     return dg.AssetCheckResult(passed=int(bad) == 0, metadata={"pairs_below_delta": int(bad)})

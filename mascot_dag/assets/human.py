@@ -6,6 +6,7 @@ was built. No ratings is a normal state: it materialises with `ratings: 0`, neve
 """
 
 import dagster as dg
+import polars as pl
 
 from mascot_dag.assets.common import table_metadata
 from mascot_dag.resources.store import DuckDBStore
@@ -17,20 +18,20 @@ def human_ratings(store: DuckDBStore) -> dg.MaterializeResult:
     Krippendorff's alpha per criterion."""
     from mascot_dag.lib.human_stats import method_means, rater_agreement
 
-    ratings = store.query("SELECT * FROM human_ratings ORDER BY item_id, rater, shown_position")
-    choices = store.query("SELECT * FROM human_choices")
-    if ratings.empty:
+    ratings = store.frame("SELECT * FROM human_ratings ORDER BY item_id, rater, shown_position")
+    choices = store.frame("SELECT * FROM human_choices")
+    if ratings.is_empty():
         return dg.MaterializeResult(metadata={
             "dagster/row_count": 0, "ratings": 0, "raters": 0, "items": 0,
             "note": "nobody rated yet: run `mascot rate` and share http://127.0.0.1:8020/"})
     means = method_means(ratings, n_boot=200)
-    overall = means[means["criterion"] == "all"]
+    overall = means.filter(pl.col("criterion") == "all")
     alpha = rater_agreement(ratings)
     return dg.MaterializeResult(metadata=table_metadata(
-        ratings.drop(columns=["submitted_at"], errors="ignore"),
-        ratings=len(ratings), raters=int(ratings["rater"].nunique()),
-        items=int(ratings["item_id"].nunique()), best_picks=len(choices),
-        mean_1_5_by_method={r.method: round(float(r.mean), 3) for r in overall.itertuples()},
-        best_picked={str(k): int(v) for k, v in choices["best_method"].value_counts().items()},
-        krippendorff_alpha_ordinal={r.criterion: (None if r.alpha is None else round(r.alpha, 3))
-                                    for r in alpha.itertuples()}))
+        ratings.drop("submitted_at", strict=False),
+        ratings=len(ratings), raters=ratings["rater"].n_unique(),
+        items=ratings["item_id"].n_unique(), best_picks=len(choices),
+        mean_1_5_by_method={m: round(v, 3) for m, v in overall.select("method", "mean").rows()},
+        best_picked=dict(sorted(choices["best_method"].value_counts().rows())),
+        krippendorff_alpha_ordinal={c: (None if a is None else round(a, 3))
+                                    for c, a in alpha.select("criterion", "alpha").rows()}))

@@ -25,9 +25,10 @@ import math
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import replace
+from types import SimpleNamespace
 from typing import Any
 
-import pandas as pd
+import polars as pl
 
 from mascot_dag.lib.dialogue import (
     DialogueConfig,
@@ -37,6 +38,7 @@ from mascot_dag.lib.dialogue import (
     run_dialogues,
 )
 from mascot_dag.lib.director_reward import block_reward
+from mascot_dag.lib.frames import to_polars
 from mascot_dag.lib.judges.base import BlockItem
 from mascot_dag.lib.stats import paired_cluster_bootstrap, significance_mark
 
@@ -54,6 +56,12 @@ ROW_COLUMNS = ["dialogue_id", "context_id", "mode", "seed", "arm", "director", "
                "ok_first", "retried", "fallback", *METRICS, "blocks", "speakers", "statuses"]
 SUMMARY_COLUMNS = ["metric", "higher_is_better", "base", "trained", "delta", "lo", "hi", "mark",
                    "p_two_sided", "n_units", "n_contexts"]
+ROW_SCHEMA = {**{c: pl.String for c in ROW_COLUMNS},
+              **{c: pl.Int64 for c in ("seed", "decisions", "ok_first", "retried", "fallback",
+                                       "blocks")},
+              **{m: pl.Float64 for m in METRICS}}
+SUMMARY_SCHEMA = dict(zip(SUMMARY_COLUMNS, [pl.String, pl.Boolean, *[pl.Float64] * 5, pl.String,
+                                            pl.Float64, pl.Int64, pl.Int64], strict=True))
 
 
 def comparison_specs(specs_for_seed, seeds: int) -> list[DialogueSpec]:
@@ -122,7 +130,7 @@ def judge_records(records: list[DialogueRecord], specs: dict[str, DialogueSpec],
 
 
 def run_comparison(specs: list[DialogueSpec], generate, config: DialogueConfig,
-                   trained_adapter: str, judge, block_size: int) -> pd.DataFrame:
+                   trained_adapter: str, judge, block_size: int) -> pl.DataFrame:
     """Both arms on the same specs (same ids, seeds, users, persona adapters): the rows."""
     if not trained_adapter:
         raise ValueError("director comparison needs a trained director adapter name")
@@ -135,38 +143,45 @@ def run_comparison(specs: list[DialogueSpec], generate, config: DialogueConfig,
         scored = judge_records(records, by_id, judge, block_size)
         rows += [unit_row(rec, arm, adapter or "base", sc)
                  for rec, sc in zip(records, scored, strict=True)]
-    return pd.DataFrame(rows, columns=ROW_COLUMNS)
+    # an undefined metric (NaN) is stored as NULL
+    return pl.DataFrame(rows, schema=ROW_SCHEMA).with_columns(
+        pl.col(m).fill_nan(None) for m in METRICS)
 
 
-def summarise(rows: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> pd.DataFrame:
+def summarise(rows: pl.DataFrame, n_boot: int = 2000, seed: int = 0) -> pl.DataFrame:
     """Per metric: arm means over the paired units, trained - base with a context-clustered
     bootstrap CI, '*' when it excludes 0, n units and n contexts."""
     keys = ["dialogue_id", "context_id"]
-    base = rows[rows["arm"] == "base"].set_index(keys)
-    trained = rows[rows["arm"] == "trained"].set_index(keys)
-    both = base.join(trained, how="inner", lsuffix="_b", rsuffix="_t").reset_index()
+    rows = to_polars(rows).with_columns(pl.col(m).cast(pl.Float64).fill_nan(None) for m in METRICS)
+
+    def arm(name: str, suffix: str) -> pl.DataFrame:
+        return rows.filter(pl.col("arm") == name).select(
+            *keys, *(pl.col(m).alias(m + suffix) for m in METRICS))
+
+    both = arm("base", "_b").join(arm("trained", "_t"), on=keys, how="inner",
+                                  maintain_order="left")
     out = []
     for metric, (higher, _) in METRICS.items():
-        pair = both[[f"{metric}_b", f"{metric}_t", "context_id"]].dropna()
-        diff = (pair[f"{metric}_t"] - pair[f"{metric}_b"]).tolist()
-        r = paired_cluster_bootstrap(pair["context_id"].tolist(), diff, n=n_boot, seed=seed)
+        pair = both.select(f"{metric}_b", f"{metric}_t", "context_id").drop_nulls()
+        diff = (pair[f"{metric}_t"] - pair[f"{metric}_b"]).to_list()
+        r = paired_cluster_bootstrap(pair["context_id"].to_list(), diff, n=n_boot, seed=seed)
         out.append([metric, higher,
                     float(pair[f"{metric}_b"].mean()) if len(pair) else math.nan,
                     float(pair[f"{metric}_t"].mean()) if len(pair) else math.nan,
                     r["mean"], r["lo"], r["hi"], significance_mark(r["lo"], r["hi"]),
                     r["p_two_sided"], int(r["n_units"]), int(r["n_clusters"])])
-    return pd.DataFrame(out, columns=SUMMARY_COLUMNS)
+    return pl.DataFrame(out, schema=SUMMARY_SCHEMA, orient="row")
 
 
 def _fmt(x: float, digits: int = 3) -> str:
     return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}f}"
 
 
-def report_section(rows: pd.DataFrame | None, provenance: dict[str, Any] | None = None
+def report_section(rows: pl.DataFrame | None, provenance: dict[str, Any] | None = None
                    ) -> list[str]:
     """'## Director: trained vs base' for the evaluation report (rows: `director_comparison`)."""
     lines = ["## Director: trained vs base (same states and seeds)", ""]
-    if rows is None or rows.empty:
+    if rows is None or len(rows) == 0:
         return lines + ["n/a (no director_comparison rows: materialise director_comparison)", ""]
     s = summarise(rows)
     lines += ["Units: held-out context x seed, both arms from the same opening with the same "
@@ -174,7 +189,7 @@ def report_section(rows: pd.DataFrame | None, provenance: dict[str, Any] | None 
               "resampling contexts], * the CI excludes 0; n = units / contexts.", ""]
     lines += ["| metric | better | base | trained | Δ trained − base [95% CI] | n |",
               "|---|---|---|---|---|---|"]
-    for r in s.itertuples(index=False):
+    for r in (SimpleNamespace(**row) for row in s.iter_rows(named=True)):
         if r.n_contexts >= 2:
             cell = f"{r.delta:+.3f} [{r.lo:+.3f}, {r.hi:+.3f}]{r.mark}"
         elif r.n_units:

@@ -17,10 +17,12 @@ import json
 import random
 import re
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any
 
-import pandas as pd
+import polars as pl
 
+from mascot_dag.lib.frames import to_polars
 from mascot_dag.lib.judges.llm_judge import AGENT_RUBRIC, COLLECTIVE_RUBRIC
 from mascot_dag.lib.methods import METHODS
 from mascot_dag.lib.types import AGENT_CRITERIA, COLLECTIVE_CRITERIA
@@ -51,6 +53,9 @@ RATING_COLUMNS = ["item_id", "rater", "dialogue_id", "method", "context_id", "le
                   "score", "shown_position"]
 CHOICE_COLUMNS = ["item_id", "rater", "context_id", "shown_order", "best_dialogue_id",
                   "best_method", "comment"]
+RATING_SCHEMA = {**dict.fromkeys(RATING_COLUMNS, pl.String), "score": pl.Int64,
+                 "shown_position": pl.Int64}
+CHOICE_SCHEMA = dict.fromkeys(CHOICE_COLUMNS, pl.String)
 
 
 class RatingError(ValueError):
@@ -86,17 +91,19 @@ def _trios(context_methods: dict[str, set[str]]) -> list[tuple[str, int, list[st
     return out
 
 
-def build_items(dialogues: pd.DataFrame, comparisons: pd.DataFrame | None = None) -> list[Item]:
+def build_items(dialogues: pl.DataFrame, comparisons: pl.DataFrame | None = None) -> list[Item]:
     """Rating items from the eval `dialogues` rows and the judge's `comparisons` rows.
 
     A comparison whose methods lack an eval dialogue (the method was re-run without it) is skipped.
     """
-    ev = dialogues[dialogues["stage"] == "eval"] if "stage" in dialogues else dialogues
-    by_key = {(r.method, r.context_id): r.dialogue_id
-              for r in ev.sort_values("dialogue_id").itertuples()}
+    dialogues = to_polars(dialogues)
+    ev = dialogues.filter(pl.col("stage") == "eval") if "stage" in dialogues.columns else dialogues
+    by_key = {(m, c): d for m, c, d in ev.sort("dialogue_id")
+              .select("method", "context_id", "dialogue_id").iter_rows()}
     trios: dict[str, tuple[str, list[str]]] = {}
     if comparisons is not None and len(comparisons):
-        for r in comparisons.sort_values("comparison_id").itertuples():
+        rows = to_polars(comparisons).sort("comparison_id").iter_rows(named=True)
+        for r in (SimpleNamespace(**row) for row in rows):
             suffix = f":{r.judge}"
             cid = r.comparison_id
             iid = cid[: -len(suffix)] if cid.endswith(suffix) else cid
@@ -186,7 +193,7 @@ def parse_submission(item: Item, form: dict[str, list[str]]) -> dict[str, Any]:
     return {"rater": rater, "scores": scores, "best": best, "comment": comment.strip()}
 
 
-def submission_rows(item: Item, sub: dict[str, Any]) -> tuple[pd.DataFrame, pd.DataFrame]:
+def submission_rows(item: Item, sub: dict[str, Any]) -> tuple[pl.DataFrame, pl.DataFrame]:
     """The `human_ratings` rows (one per dialogue x criterion) and the `human_choices` row."""
     order = shown_order(sub["rater"], item)
     slot_of = dict(zip(SLOTS, order, strict=True))
@@ -199,22 +206,23 @@ def submission_rows(item: Item, sub: dict[str, Any]) -> tuple[pd.DataFrame, pd.D
     choice = [[item.item_id, sub["rater"], item.context_id,
                json.dumps([item.methods[i] for i in order]), item.dialogue_ids[best],
                item.methods[best], sub["comment"] or None]]
-    return (pd.DataFrame(rows, columns=RATING_COLUMNS),
-            pd.DataFrame(choice, columns=CHOICE_COLUMNS))
+    return (pl.DataFrame(rows, schema=RATING_SCHEMA, orient="row"),
+            pl.DataFrame(choice, schema=CHOICE_SCHEMA, orient="row"))
 
 
-def replace_changes(item: Item, rater: str, ratings: pd.DataFrame, choice: pd.DataFrame) -> list:
+def replace_changes(item: Item, rater: str, ratings: pl.DataFrame, choice: pl.DataFrame) -> list:
     """`db.replace_many` changes: the rater's earlier answer for the item goes, the new comes."""
     where = "item_id = ? AND rater = ?"
     return [("human_ratings", ratings, where, [item.item_id, rater]),
             ("human_choices", choice, where, [item.item_id, rater])]
 
 
-def export_table(ratings: pd.DataFrame, choices: pd.DataFrame) -> pd.DataFrame:
+def export_table(ratings: pl.DataFrame, choices: pl.DataFrame) -> pl.DataFrame:
     """Long export: one row per rating, with the rater's best pick and comment for the item."""
     keys = ["item_id", "rater"]
-    ch = choices[keys + ["best_method", "comment", "submitted_at"]] if len(choices) else \
-        pd.DataFrame(columns=keys + ["best_method", "comment", "submitted_at"])
-    out = ratings.drop(columns=["submitted_at"], errors="ignore").merge(ch, on=keys, how="left")
-    out["chosen_best"] = out["method"] == out["best_method"]
-    return out.sort_values(keys + ["shown_position", "level", "criterion"]).reset_index(drop=True)
+    ch = to_polars(choices).select(*keys, "best_method", "comment", "submitted_at")
+    out = to_polars(ratings).drop("submitted_at", strict=False).join(ch, on=keys, how="left")
+    # a rating without its choice row (none stored) is not the chosen one
+    out = out.with_columns(chosen_best=(pl.col("method") == pl.col("best_method"))
+                           .fill_null(False))
+    return out.sort(*keys, "shown_position", "level", "criterion")

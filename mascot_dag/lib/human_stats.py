@@ -14,10 +14,12 @@ An undefined statistic (one rater, < 3 dialogues, constant values) shows as n/a 
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import numpy as np
-import pandas as pd
+import polars as pl
 
+from mascot_dag.lib.frames import to_polars
 from mascot_dag.lib.human import CRITERIA
 from mascot_dag.lib.report_sections import md_table
 from mascot_dag.lib.stats import paired_cluster_bootstrap, spearman, win_rates
@@ -25,27 +27,32 @@ from mascot_dag.lib.stats import paired_cluster_bootstrap, spearman, win_rates
 ORDER = [c for _, c, _ in CRITERIA]
 
 
-def _criteria(ratings: pd.DataFrame) -> list[str]:
+def _criteria(ratings: pl.DataFrame) -> list[str]:
     found = set(ratings["criterion"])
     return [c for c in ORDER if c in found] + sorted(found - set(ORDER))
 
 
-def method_means(ratings: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> pd.DataFrame:
+def method_means(ratings: pl.DataFrame, n_boot: int = 2000, seed: int = 0) -> pl.DataFrame:
     """One row per (criterion, method) plus criterion 'all' per method: mean, lo, hi,
     n_ratings, n_dialogues, n_raters."""
+    ratings = to_polars(ratings)
     rows = []
-    for crit, g in [*((c, ratings[ratings["criterion"] == c]) for c in _criteria(ratings)),
+    for crit, g in [*((c, ratings.filter(pl.col("criterion") == c)) for c in _criteria(ratings)),
                     ("all", ratings)]:
-        for method, m in sorted(g.groupby("method"), key=lambda kv: kv[0]):
+        for method in sorted(set(g["method"])):
+            m = g.filter(pl.col("method") == method)
             # the cluster bootstrap of `stats` resamples dialogues; its "differences" are here
             # plain scores (the mean of a resample is all we need from it)
-            b = paired_cluster_bootstrap(m["dialogue_id"].tolist(),
-                                         m["score"].astype(float).tolist(), n=n_boot, seed=seed)
+            b = paired_cluster_bootstrap(m["dialogue_id"].to_list(),
+                                         m["score"].cast(pl.Float64).to_list(), n=n_boot,
+                                         seed=seed)
             rows.append({"criterion": crit, "method": method, "mean": b["mean"], "lo": b["lo"],
-                         "hi": b["hi"], "n_ratings": len(m),
-                         "n_dialogues": int(b["n_clusters"]), "n_raters": m["rater"].nunique()})
-    return pd.DataFrame(rows, columns=["criterion", "method", "mean", "lo", "hi", "n_ratings",
-                                       "n_dialogues", "n_raters"])
+                         "hi": b["hi"], "n_ratings": m.height,
+                         "n_dialogues": int(b["n_clusters"]), "n_raters": m["rater"].n_unique()})
+    return pl.DataFrame(rows, schema={"criterion": pl.String, "method": pl.String,
+                                      "mean": pl.Float64, "lo": pl.Float64, "hi": pl.Float64,
+                                      "n_ratings": pl.Int64, "n_dialogues": pl.Int64,
+                                      "n_raters": pl.Int64})
 
 
 def alpha_ordinal(matrix: np.ndarray) -> float | None:
@@ -63,37 +70,56 @@ def alpha_ordinal(matrix: np.ndarray) -> float | None:
                                     value_domain=[1, 2, 3, 4, 5]))
 
 
-def rater_agreement(ratings: pd.DataFrame) -> pd.DataFrame:
+def _grid(g: pl.DataFrame) -> np.ndarray:
+    """raters x units (item_id, dialogue_id) matrix of mean scores, NaN where not rated;
+    raters and units sorted."""
+    cells = g.group_by("rater", "item_id", "dialogue_id").agg(pl.col("score").mean())
+    raters = sorted(set(cells["rater"]))
+    units = sorted(set(cells.select("item_id", "dialogue_id").iter_rows()))
+    ri, ui = {r: i for i, r in enumerate(raters)}, {u: i for i, u in enumerate(units)}
+    grid = np.full((len(raters), len(units)), np.nan)
+    for rater, item_id, did, score in cells.iter_rows():
+        grid[ri[rater], ui[(item_id, did)]] = score
+    return grid
+
+
+def rater_agreement(ratings: pl.DataFrame) -> pl.DataFrame:
     """Per criterion: alpha (ordinal), raters, units (dialogue within item) rated by >= 2 raters."""
+    ratings = to_polars(ratings)
     rows = []
     for crit in _criteria(ratings):
-        g = ratings[ratings["criterion"] == crit]
-        grid = g.pivot_table(index="rater", columns=["item_id", "dialogue_id"], values="score",
-                             aggfunc="mean")
-        pairable = int((grid.notna().sum(axis=0) >= 2).sum())
-        rows.append({"criterion": crit, "alpha": alpha_ordinal(grid.to_numpy(dtype=float)),
+        grid = _grid(ratings.filter(pl.col("criterion") == crit))
+        pairable = int((np.sum(~np.isnan(grid), axis=0) >= 2).sum())
+        rows.append({"criterion": crit, "alpha": alpha_ordinal(grid),
                      "n_raters": grid.shape[0], "n_units": grid.shape[1], "n_pairable": pairable})
-    return pd.DataFrame(rows, columns=["criterion", "alpha", "n_raters", "n_units", "n_pairable"])
+    return pl.DataFrame(rows, schema={"criterion": pl.String, "alpha": pl.Float64,
+                                      "n_raters": pl.Int64, "n_units": pl.Int64,
+                                      "n_pairable": pl.Int64})
 
 
-def judge_human(ratings: pd.DataFrame, eval_scores: pd.DataFrame) -> pd.DataFrame:
+def judge_human(ratings: pl.DataFrame, eval_scores: pl.DataFrame) -> pl.DataFrame:
     """Per judge and criterion: Spearman(human mean per dialogue, judge score), n dialogues."""
-    human = ratings.groupby(["dialogue_id", "criterion"])["score"].mean().rename("human")
-    js = eval_scores[(eval_scores["judge"] != "metric") & (eval_scores["level"] != "automatic")]
-    js = js.dropna(subset=["value"])
-    js = js.groupby(["judge", "dialogue_id", "criterion"])["value"].mean().reset_index()
-    both = js.merge(human.reset_index(), on=["dialogue_id", "criterion"], how="inner")
+    ratings, eval_scores = to_polars(ratings), to_polars(eval_scores)
+    human = ratings.group_by("dialogue_id", "criterion").agg(
+        human=pl.col("score").cast(pl.Float64).mean())
+    js = eval_scores.filter((pl.col("judge") != "metric") & (pl.col("level") != "automatic"))
+    js = js.with_columns(pl.col("value").cast(pl.Float64)).filter(
+        pl.col("value").is_not_null() & ~pl.col("value").is_nan())
+    js = js.group_by("judge", "dialogue_id", "criterion").agg(pl.col("value").mean())
+    both = js.join(human, on=["dialogue_id", "criterion"], how="inner")
     rows = []
-    for judge in sorted(both["judge"].unique()):
+    for judge in sorted(set(both["judge"])):
         for crit in _criteria(ratings):
-            g = both[(both["judge"] == judge) & (both["criterion"] == crit)]
-            rows.append({"judge": judge, "criterion": crit, "n_dialogues": len(g),
-                         "spearman": spearman(g["human"].tolist(), g["value"].tolist())})
-    return pd.DataFrame(rows, columns=["judge", "criterion", "n_dialogues", "spearman"])
+            g = both.filter((pl.col("judge") == judge) & (pl.col("criterion") == crit))
+            rows.append({"judge": judge, "criterion": crit, "n_dialogues": g.height,
+                         "spearman": spearman(g["human"].to_list(), g["value"].to_list())})
+    return pl.DataFrame(rows, schema={"judge": pl.String, "criterion": pl.String,
+                                      "n_dialogues": pl.Int64, "spearman": pl.Float64})
 
 
-def best_rates(choices: pd.DataFrame) -> pd.DataFrame:
-    recs = [(f"{r.item_id}|{r.rater}", r.shown_order, r.best_method) for r in choices.itertuples()]
+def best_rates(choices: pl.DataFrame) -> pl.DataFrame:
+    recs = [(f"{item_id}|{rater}", shown, best) for item_id, rater, shown, best in
+            to_polars(choices).select("item_id", "rater", "shown_order", "best_method").iter_rows()]
     return win_rates(recs)
 
 
@@ -101,29 +127,33 @@ def _f(x: float | None, d: int = 2) -> str:
     return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{d}f}"
 
 
-def human_section(ratings: pd.DataFrame | None, choices: pd.DataFrame | None,
-                  eval_scores: pd.DataFrame | None, methods: list[str] | None = None) -> list[str]:
+def _tuples(df: pl.DataFrame) -> list[SimpleNamespace]:
+    return [SimpleNamespace(**r) for r in df.iter_rows(named=True)]
+
+
+def human_section(ratings: pl.DataFrame | None, choices: pl.DataFrame | None,
+                  eval_scores: pl.DataFrame | None, methods: list[str] | None = None) -> list[str]:
     """Markdown lines of the report's human-evaluation section (one line when nobody rated)."""
     head = ["## Human evaluation (blind three-way, 1-5)", ""]
-    if ratings is None or ratings.empty:
+    if ratings is None or len(ratings) == 0:
         return head + ["n/a (no human ratings yet: `mascot rate` collects them)", ""]
+    ratings = to_polars(ratings)
     found = set(ratings["method"])
     order = [m for m in (methods or []) if m in found] + sorted(found - set(methods or []))
     lines = head + [
-        f"{ratings['rater'].nunique()} raters, {ratings['item_id'].nunique()} items, "
-        f"{ratings['dialogue_id'].nunique()} dialogues, {len(ratings)} ratings. Methods were "
+        f"{ratings['rater'].n_unique()} raters, {ratings['item_id'].n_unique()} items, "
+        f"{ratings['dialogue_id'].n_unique()} dialogues, {len(ratings)} ratings. Methods were "
         "hidden and shown in a per-rater shuffled order. Cells: mean [95% bootstrap CI over "
         "dialogues] (n ratings / dialogues).", ""]
-    means = method_means(ratings)
+    means = {(r["criterion"], r["method"]): r for r in method_means(ratings).iter_rows(named=True)}
     rows = []
     for crit in [*_criteria(ratings), "all"]:
         cells = []
         for m in order:
-            r = means[(means["criterion"] == crit) & (means["method"] == m)]
-            if r.empty:
+            r = means.get((crit, m))
+            if r is None:
                 cells.append("n/a (not rated)")
                 continue
-            r = r.iloc[0]
             cells.append(f"{r['mean']:.2f} [{r['lo']:.2f}, {r['hi']:.2f}] "
                          f"({r['n_ratings']}/{r['n_dialogues']})")
         rows.append(["**all criteria**" if crit == "all" else crit] + cells)
@@ -133,18 +163,19 @@ def human_section(ratings: pd.DataFrame | None, choices: pd.DataFrame | None,
         lines += ["### Best pick (win rate, Wilson 95% CI)", ""]
         lines += md_table(["method", "picked", "win rate", "95% CI", "chance"], [
             [r.method, f"{r.wins}/{r.appearances}", _f(r.win_rate),
-             f"[{_f(r.ci_lo)}, {_f(r.ci_hi)}]", _f(r.chance)] for r in wr.itertuples()])
+             f"[{_f(r.ci_lo)}, {_f(r.ci_hi)}]", _f(r.chance)]
+            for r in _tuples(wr)])
     agr = rater_agreement(ratings)
     lines += ["### Inter-rater agreement (Krippendorff's alpha, ordinal)", ""]
     lines += md_table(["criterion", "alpha", "raters", "units", "units with >= 2 raters"], [
-        [r.criterion, _f(r.alpha) if r.alpha is not None and not pd.isna(r.alpha)
+        [r.criterion, _f(r.alpha) if r.alpha is not None and not math.isnan(r.alpha)
          else "n/a (needs 2 raters on one unit and some variation)",
-         r.n_raters, r.n_units, r.n_pairable] for r in agr.itertuples()])
+         r.n_raters, r.n_units, r.n_pairable] for r in _tuples(agr)])
     lines += ["### Judge-human agreement (Spearman, human mean vs judge score per dialogue)", ""]
     jh = judge_human(ratings, eval_scores) if eval_scores is not None and len(eval_scores) else None
-    if jh is None or jh.empty:
+    if jh is None or jh.is_empty():
         return lines + ["n/a (no judge scores for the rated dialogues in eval_scores)", ""]
     return lines + md_table(["judge", "criterion", "dialogues", "spearman"], [
         [r.judge, r.criterion, r.n_dialogues,
-         _f(r.spearman) if r.spearman is not None and not pd.isna(r.spearman)
-         else "n/a (< 3 dialogues or constant)"] for r in jh.itertuples()])
+         _f(r.spearman) if r.spearman is not None and not math.isnan(r.spearman)
+         else "n/a (< 3 dialogues or constant)"] for r in _tuples(jh)])

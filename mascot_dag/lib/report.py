@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import polars as pl
 
 from mascot_dag.lib.champion import dialogue_overall, judge_rows_100, overall_score
 from mascot_dag.lib.director_eval import report_section as director_section
@@ -62,7 +63,7 @@ ARROW = {True: "↑", False: "↓", None: "–"}
 class ReportInputs:
     eval_scores: pd.DataFrame
     dialogues: pd.DataFrame
-    win_rates: pd.DataFrame | None = None  # `stats.win_rates` output
+    win_rates: pl.DataFrame | None = None  # `stats.win_rates` output (polars)
     provenance: dict[str, Any] = field(default_factory=dict)
     champion: dict[str, Any] | Any | None = None  # dict or `champion.Decision`
     methods: list[str] | None = None  # methods expected; those without rows show as n/a
@@ -242,9 +243,9 @@ def _agreement_section(scores: pd.DataFrame) -> list[str]:
 
     # items: one dialogue's value at one level and criterion; failed judgments (NULL) left out
     agr = agreement(scores[scores["level"] != "automatic"], ["method", "dialogue_id", "level"])
-    rows = [[r.judge_a, r.judge_b, r.criterion, r.n,
-             f"n/a ({r.note})" if pd.isna(r.rho) else f"{r.rho:.2f}"]
-            for r in agr.itertuples()]  # fmt: skip
+    rows = [[r["judge_a"], r["judge_b"], r["criterion"], r["n"],
+             f"n/a ({r['note']})" if math.isnan(r["rho"]) else f"{r['rho']:.2f}"]
+            for r in agr.iter_rows(named=True)]  # fmt: skip
     return lines + _table(["judge A", "judge B", "criterion", "items", "spearman"], rows)
 
 
@@ -283,21 +284,22 @@ def _automatic_section(scores: pd.DataFrame, methods: list[str]) -> list[str]:
     return lines + ["↑ higher is better, ↓ lower is better, – descriptive (not ranked).", ""]
 
 
-def _winrate_section(wr: pd.DataFrame | None, out_dir, plots) -> list[str]:
+def _winrate_section(wr: pl.DataFrame | None, out_dir, plots) -> list[str]:
     lines = ["## Three-way comparisons: win rates (Wilson 95% CI)", ""]
-    if wr is None or wr.empty or wr["appearances"].sum() == 0:
+    if wr is None or wr.is_empty() or wr["appearances"].sum() == 0:
         return lines + ["n/a (no completed comparisons)", ""]
-    rows = [[r.method, f"{r.wins}/{r.appearances}", _num(r.win_rate, 3),
-             f"[{_num(r.ci_lo, 3)}, {_num(r.ci_hi, 3)}]", _num(r.chance, 3), r.failed]
-            for r in wr.itertuples()]  # fmt: skip
+    rows = [[r["method"], f"{r['wins']}/{r['appearances']}", _num(r["win_rate"], 3),
+             f"[{_num(r['ci_lo'], 3)}, {_num(r['ci_hi'], 3)}]", _num(r["chance"], 3), r["failed"]]
+            for r in wr.iter_rows(named=True)]  # fmt: skip
     lines += _table(["method", "wins", "win rate", "95% CI", "chance", "judge failed"], rows)
     from matplotlib.figure import Figure
 
-    ok = wr[wr["appearances"] > 0]
+    ok = wr.filter(pl.col("appearances") > 0)
     fig = Figure(figsize=(max(5, 0.9 * len(ok)), 3.5))
     ax = fig.add_subplot()
-    err = np.vstack([ok["win_rate"] - ok["ci_lo"], ok["ci_hi"] - ok["win_rate"]])
-    ax.bar(ok["method"], ok["win_rate"], yerr=err, capsize=4, color="tab:blue")
+    rate = ok["win_rate"].to_numpy()
+    err = np.vstack([rate - ok["ci_lo"].to_numpy(), ok["ci_hi"].to_numpy() - rate])
+    ax.bar(ok["method"].to_list(), rate, yerr=err, capsize=4, color="tab:blue")
     ax.axhline(float(ok["chance"].mean()), color="grey", ls="--", label="chance")
     ax.set_ylim(0, 1)
     ax.set_ylabel("win rate")

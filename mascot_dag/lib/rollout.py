@@ -6,8 +6,7 @@ used as evenly as the data allows); meeting-mode dialogues come from QMSum conte
 workplace roster. Seeds derive from the context id only, so every evaluation method sees the same
 contexts, users and seeds.
 
-Rows are polars frames (`record_tables`); `record_frames` hands them over as pandas to the
-collaboration assets until they move to polars (docs/DESIGN.md "Dataframes").
+Rows are polars frames (`record_tables`).
 """
 
 from __future__ import annotations
@@ -67,11 +66,6 @@ def record_tables(records: list[DialogueRecord]
     turns = pl.DataFrame([t for r in records for t in r.turns], schema=TURN_SCHEMA)
     directives = pl.DataFrame([d for r in records for d in r.directives], schema=DIRECTIVE_SCHEMA)
     return dialogues, turns, directives
-
-
-def record_frames(records: list[DialogueRecord]) -> tuple:
-    """`record_tables` as pandas frames, for the collaboration assets (phase 2 removes it)."""
-    return tuple(t.to_pandas() for t in record_tables(records))
 
 
 def records_from_frames(dialogues, turns, directives) -> list[DialogueRecord]:

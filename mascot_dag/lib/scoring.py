@@ -11,15 +11,20 @@ of the means, and a dialogue whose every judgment failed gets NULL.
 from __future__ import annotations
 
 from collections import defaultdict
+from types import SimpleNamespace
 
-import pandas as pd
+import polars as pl
 
 from mascot_dag.lib.dialogue import blocks
+from mascot_dag.lib.frames import to_polars
 from mascot_dag.lib.judges.base import BlockItem, ResponseItem
 from mascot_dag.lib.metrics import compute_metrics, metric_rows
 
 COLUMNS = ["method", "dialogue_id", "level", "judge", "criterion", "value", "higher_is_better"]
 TURN_COLUMNS = ["method", "dialogue_id", "turn_idx", "speaker", "judge", "criterion", "value"]
+SCHEMA = dict(zip(COLUMNS, [pl.String] * 5 + [pl.Float64, pl.Boolean], strict=True))
+TURN_SCHEMA = dict(zip(TURN_COLUMNS, [pl.String, pl.String, pl.Int64] + [pl.String] * 3
+                       + [pl.Float64], strict=True))
 
 
 def _mean_rows(method, did, level, judge_name, per_criterion: dict[str, list]) -> list[dict]:
@@ -33,27 +38,29 @@ def _mean_rows(method, did, level, judge_name, per_criterion: dict[str, list]) -
 
 
 def score_dialogues(dialogues, turns, context_text, cards, rosters, judges, block_size,
-                    embed=None, identifier=None, turn_rows: list | None = None) -> pd.DataFrame:
+                    embed=None, identifier=None, turn_rows: list | None = None) -> pl.DataFrame:
     """Per-dialogue rows (COLUMNS). `turn_rows`, when a list, receives one dict per (agent turn,
     judge, criterion) of the agent-level rubric (TURN_COLUMNS): the per-persona breakdowns
     (persona x simulated-user MBTI) need scores by speaker, which dialogue means lose."""
-    by_dialogue = {k: g.sort_values("turn_idx") for k, g in turns.groupby("dialogue_id")}
+    dialogues = [SimpleNamespace(**d) for d in to_polars(dialogues).iter_rows(named=True)]
+    by_dialogue = {k: g.sort("turn_idx")
+                   for (k,), g in to_polars(turns).group_by("dialogue_id")}
     resp_items, resp_keys, block_items, block_keys = [], [], [], []
-    for d in dialogues.itertuples():
+    for d in dialogues:
         g = by_dialogue.get(d.dialogue_id)
         if g is None:
             continue
         roster = list(rosters["support" if d.mode == "support" else "workplace"])
         history: list[str] = []
         text = context_text[d.context_id]
-        for t in g.itertuples():
+        for t in (SimpleNamespace(**r) for r in g.iter_rows(named=True)):
             if t.role == "agent":
                 card = cards[t.speaker]
                 r = roster if card in roster else roster + [card]
                 resp_items.append(ResponseItem(text, card, r, t.text, list(history)))
                 resp_keys.append((d.method, d.dialogue_id, t.turn_idx, t.speaker))
             history.append(t.text)
-        for block in blocks(g[["speaker", "text"]].to_dict("records"), block_size):
+        for block in blocks(g.select("speaker", "text").to_dicts(), block_size):
             speakers = {x["speaker"] for x in block}
             extra = [cards[s] for s in speakers if s in cards and cards[s] not in roster]
             block_items.append(BlockItem(text, roster + extra, block))
@@ -72,11 +79,12 @@ def score_dialogues(dialogues, turns, context_text, cards, rosters, judges, bloc
                                                                  value), strict=True)))
             for (method, did), per in acc.items():
                 rows += _mean_rows(method, did, level, judge.name, per)
-    for d in dialogues.itertuples():
+    for d in dialogues:
         g = by_dialogue.get(d.dialogue_id)
         if g is None:
             continue
-        values = compute_metrics(g[["speaker", "role", "text"]].to_dict("records"), embed=embed,
+        values = compute_metrics(g.select("speaker", "role", "text").to_dicts(), embed=embed,
                                  identifier=identifier)
         rows += metric_rows(d.method, d.dialogue_id, values)
-    return pd.DataFrame(rows, columns=COLUMNS)
+    # a metric that is undefined may come back NaN: stored as NULL like a failed judgment
+    return pl.DataFrame(rows, schema=SCHEMA).with_columns(pl.col("value").fill_nan(None))

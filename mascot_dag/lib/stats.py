@@ -1,8 +1,9 @@
 """Small statistics for evaluation reports: bootstrap CIs, Wilson win-rate CIs, rank agreement.
 
-Everything takes plain sequences or the DataFrames of the DuckDB tables and tolerates missing
-values (NaN/None are dropped before computing); an undefined statistic is NaN or None, never an
-exception, because a report must still render when a method or judge has no data.
+Everything takes plain sequences or the (polars) DataFrames of the DuckDB tables and tolerates
+missing values (NaN/None are dropped before computing); an undefined statistic is NaN or None,
+never an exception, because a report must still render when a method or judge has no data.
+Tables come back as polars DataFrames.
 """
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ from itertools import combinations
 from typing import Any
 
 import numpy as np
-import pandas as pd
+import polars as pl
+
+from mascot_dag.lib.frames import to_polars
 
 # Two-sided 95% normal quantile used by the Wilson interval.
 Z95 = 1.959963984540054
@@ -59,6 +62,20 @@ def bootstrap_ci(
     return float(lo), float(hi)
 
 
+def describe(values: Iterable[float | None]) -> dict[str, float]:
+    """count, mean, std (ddof=1), min, 25%, 50%, 75%, max of the values (missing ones dropped;
+    quantiles interpolate linearly): the summary Dagster metadata shows for a distribution.
+    Empty input gives {}."""
+    arr = _clean(values)
+    if arr.size == 0:
+        return {}
+    q = np.quantile(arr, [0.25, 0.5, 0.75])
+    return {"count": float(arr.size), "mean": float(arr.mean()),
+            "std": float(arr.std(ddof=1)) if arr.size > 1 else math.nan,
+            "min": float(arr.min()), "25%": float(q[0]), "50%": float(q[1]),
+            "75%": float(q[2]), "max": float(arr.max())}
+
+
 def wilson_ci(successes: int, trials: int, z: float = Z95) -> tuple[float, float]:
     """Wilson score interval of a binomial proportion (Wilson 1927); (nan, nan) for 0 trials.
 
@@ -74,9 +91,9 @@ def wilson_ci(successes: int, trials: int, z: float = Z95) -> tuple[float, float
     return max(0.0, centre - half), min(1.0, centre + half)
 
 
-def _records(records: Iterable[Sequence[Any]] | pd.DataFrame) -> list[tuple[str, list[str], Any]]:
-    if isinstance(records, pd.DataFrame):
-        records = records[["comparison_id", "shown_order", "winner"]].itertuples(index=False)
+def _records(records: Iterable[Sequence[Any]] | pl.DataFrame) -> list[tuple[str, list[str], Any]]:
+    if not isinstance(records, (list, tuple)) and hasattr(records, "columns"):
+        records = to_polars(records).select("comparison_id", "shown_order", "winner").iter_rows()
     out = []
     for cid, shown, winner in records:
         shown = json.loads(shown) if isinstance(shown, str) else list(shown)
@@ -89,7 +106,7 @@ def _records(records: Iterable[Sequence[Any]] | pd.DataFrame) -> list[tuple[str,
     return out
 
 
-def win_rates(records: Iterable[Sequence[Any]] | pd.DataFrame) -> pd.DataFrame:
+def win_rates(records: Iterable[Sequence[Any]] | pl.DataFrame) -> pl.DataFrame:
     """Per-method win rate over n-way comparisons, with a Wilson 95% CI.
 
     records: (comparison_id, methods shown, winner or None) tuples, or the `comparisons` table
@@ -127,9 +144,18 @@ def win_rates(records: Iterable[Sequence[Any]] | pd.DataFrame) -> pd.DataFrame:
                 "chance": r["chance_sum"] / n if n else math.nan,
             }
         )
-    cols = ["method", "wins", "appearances", "failed", "win_rate", "ci_lo", "ci_hi", "chance"]
-    df = pd.DataFrame(table, columns=cols)
-    return df.sort_values(["win_rate", "method"], ascending=[False, True], na_position="last")
+    # best first, ties by name, undefined (NaN: no appearances) last; sorted here because polars
+    # orders NaN above every number
+    def order(r: dict) -> tuple:
+        undefined = math.isnan(r["win_rate"])
+        return undefined, 0.0 if undefined else -r["win_rate"], r["method"]
+
+    return pl.DataFrame(sorted(table, key=order), schema=WIN_RATE_SCHEMA)
+
+
+WIN_RATE_SCHEMA = {"method": pl.String, "wins": pl.Int64, "appearances": pl.Int64,
+                   "failed": pl.Int64, "win_rate": pl.Float64, "ci_lo": pl.Float64,
+                   "ci_hi": pl.Float64, "chance": pl.Float64}
 
 
 def spearman(a: Sequence[float | None], b: Sequence[float | None]) -> float | None:
@@ -154,27 +180,31 @@ def spearman(a: Sequence[float | None], b: Sequence[float | None]) -> float | No
 ITEM_KEYS = ["method", "dialogue_id", "level", "criterion"]
 
 
-def judge_agreement(eval_scores: pd.DataFrame) -> pd.DataFrame:
+def judge_agreement(eval_scores: pl.DataFrame) -> pl.DataFrame:
     """Pairwise Spearman correlation between judges over the items both scored.
 
     An item is one (method, dialogue_id, level, criterion); automatic metrics (judge 'metric',
     level 'automatic') are excluded. One row per judge pair and criterion, plus one row with
     criterion 'all' pooling every shared item. spearman is None where undefined (see `spearman`).
     """
-    cols = ["judge_a", "judge_b", "criterion", "n_items", "spearman"]
-    df = eval_scores[(eval_scores["judge"] != "metric") & (eval_scores["level"] != "automatic")]
-    df = df.dropna(subset=["value"])
-    judges = sorted(df["judge"].unique())
+    schema = {"judge_a": pl.String, "judge_b": pl.String, "criterion": pl.String,
+              "n_items": pl.Int64, "spearman": pl.Float64}
+    df = to_polars(eval_scores).filter((pl.col("judge") != "metric")
+                                       & (pl.col("level") != "automatic"))
+    df = df.with_columns(pl.col("value").cast(pl.Float64)).filter(
+        pl.col("value").is_not_null() & ~pl.col("value").is_nan())
+    judges = sorted(df["judge"].unique().to_list())
     rows = []
     for ja, jb in combinations(judges, 2):
-        a = df[df["judge"] == ja][ITEM_KEYS + ["value"]]
-        b = df[df["judge"] == jb][ITEM_KEYS + ["value"]]
-        both = a.merge(b, on=ITEM_KEYS, suffixes=("_a", "_b"))
-        groups = [("all", both)] + sorted(both.groupby("criterion"), key=lambda g: g[0])
+        a = df.filter(pl.col("judge") == ja).select(*ITEM_KEYS, value_a="value")
+        b = df.filter(pl.col("judge") == jb).select(*ITEM_KEYS, value_b="value")
+        both = a.join(b, on=ITEM_KEYS, how="inner", maintain_order="left")
+        groups = [("all", both)] + sorted(
+            ((k[0], g) for k, g in both.group_by("criterion")), key=lambda g: g[0])
         for crit, g in groups:
-            rho = spearman(g["value_a"].tolist(), g["value_b"].tolist())
-            rows.append([ja, jb, crit, len(g), rho])
-    return pd.DataFrame(rows, columns=cols)
+            rho = spearman(g["value_a"].to_list(), g["value_b"].to_list())
+            rows.append([ja, jb, crit, g.height, rho])
+    return pl.DataFrame(rows, schema=schema, orient="row")
 
 
 def paired_cluster_bootstrap(

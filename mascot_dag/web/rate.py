@@ -21,7 +21,7 @@ import threading
 from pathlib import Path
 from urllib.parse import parse_qs, quote
 
-import pandas as pd
+import polars as pl
 from fastapi import FastAPI, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import HTMLResponse, JSONResponse
@@ -65,8 +65,8 @@ class Ratings:
     def items(self) -> list[H.Item]:
         with self.lock, db.connect(self.path) as con:
             dialogues = con.execute("SELECT dialogue_id, stage, method, context_id FROM dialogues "
-                                    "WHERE stage = 'eval'").df()
-            comparisons = con.execute("SELECT * FROM comparisons").df()
+                                    "WHERE stage = 'eval'").pl()
+            comparisons = con.execute("SELECT * FROM comparisons").pl()
         return H.build_items(dialogues, comparisons)
 
     def item(self, item_id: str) -> H.Item | None:
@@ -79,19 +79,20 @@ class Ratings:
                               [item.context_id]).fetchone()
             turns = con.execute("SELECT dialogue_id, turn_idx, role, speaker, text FROM turns "
                                 "WHERE dialogue_id IN (?, ?, ?) ORDER BY dialogue_id, turn_idx",
-                                list(item.dialogue_ids)).df()
+                                list(item.dialogue_ids)).pl()
             personas = con.execute("SELECT persona_id, name, role FROM personas").fetchall()
-        by_id = {d: g.to_dict("records") for d, g in turns.groupby("dialogue_id")}
+        by_id = {d: g.to_dicts()
+                 for (d,), g in turns.group_by("dialogue_id", maintain_order=True)}
         return (ctx[0] if ctx else "(context text not found)"), by_id, {
             p: f"{n} ({r})" for p, n, r in personas}
 
-    def answers(self, rater: str) -> dict[str, tuple[pd.DataFrame, str]]:
+    def answers(self, rater: str) -> dict[str, tuple[pl.DataFrame, str]]:
         """item_id -> (that rater's rating rows, best dialogue id)."""
         with self.lock, db.connect(self.path) as con:
-            r = con.execute("SELECT * FROM human_ratings WHERE rater = ?", [rater]).df()
+            r = con.execute("SELECT * FROM human_ratings WHERE rater = ?", [rater]).pl()
             c = con.execute("SELECT item_id, best_dialogue_id FROM human_choices WHERE rater = ?",
                             [rater]).fetchall()
-        return {iid: (r[r["item_id"] == iid], best) for iid, best in c}
+        return {iid: (r.filter(pl.col("item_id") == iid), best) for iid, best in c}
 
     def save(self, item: H.Item, sub: dict) -> tuple[int, bool]:
         """Store one submission; returns (rating rows written, whether it replaced an answer)."""
@@ -155,8 +156,8 @@ def item_page(rater: str, item: H.Item, content, previous=None, errors: list[str
     elif previous is not None:
         rows, best = previous
         slot_of = {item.dialogue_ids[i]: s for s, i in zip(H.SLOTS, order, strict=True)}
-        for r in rows.itertuples():
-            filled[H.field_name(slot_of.get(r.dialogue_id, "?"), r.criterion)] = str(r.score)
+        for did, crit, score in rows.select("dialogue_id", "criterion", "score").iter_rows():
+            filled[H.field_name(slot_of.get(did, "?"), crit)] = str(score)
         filled["best"] = slot_of.get(best, "")
     dialogues = "".join(_dialogue(s, turns.get(item.dialogue_ids[i], []), names)
                         for s, i in zip(H.SLOTS, order, strict=True))
@@ -303,12 +304,12 @@ def export(path: str | Path, out: str | Path) -> int:
     if out.suffix not in (".csv", ".parquet"):
         raise ValueError(f"--export {out}: use a .csv or .parquet file name")
     with db.connect(path) as con:
-        ratings = con.execute("SELECT * FROM human_ratings").df()
-        choices = con.execute("SELECT * FROM human_choices").df()
+        ratings = con.execute("SELECT * FROM human_ratings").pl()
+        choices = con.execute("SELECT * FROM human_choices").pl()
     table = H.export_table(ratings, choices)
     out.parent.mkdir(parents=True, exist_ok=True)
     if out.suffix == ".csv":
-        table.to_csv(out, index=False)
+        table.write_csv(out)
     else:
-        table.to_parquet(out, index=False)
+        table.write_parquet(out)
     return len(table)

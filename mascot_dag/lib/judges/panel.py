@@ -17,8 +17,9 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 
-import pandas as pd
+import polars as pl
 
+from mascot_dag.lib.frames import like, to_polars
 from mascot_dag.lib.judges.base import BlockItem, Judge, ResponseItem
 from mascot_dag.lib.types import Score
 
@@ -100,8 +101,4 @@ def training_judgments(judgments, rule: str = MEAN):
     only the named judge's."""
     if rule == MEAN:
         return judgments
-    if isinstance(judgments, pd.DataFrame):
-        return judgments[judgments["judge"] == rule]
-    import polars as pl
-
-    return judgments.filter(pl.col("judge") == rule)
+    return like(to_polars(judgments).filter(pl.col("judge") == rule), judgments)
