@@ -17,6 +17,7 @@ from mascot_dag.lib.director_eval import (
     METRICS,
     ROW_COLUMNS,
     ROW_SCHEMA,
+    regressions,
     report_section,
     run_comparison,
     speaker_entropy,
@@ -120,6 +121,15 @@ def test_summary_pairs_units_and_clusters_by_context():
     assert "trained vs base" in md and "| valid_first | ↑ | 0.500 | 1.000 | +0.500" in md
     assert "| 6 / 3 |" in md
     assert "n/a (no director_comparison rows" in "\n".join(report_section(None))
+    # trained is better on valid_first (*) and lower on fallback (lower is better): no regression
+    assert regressions(table) == []
+    worse = table.with_columns(
+        pl.when(pl.col("metric") == "group_reward").then(pl.lit(-0.2)).otherwise(pl.col("lo"))
+        .alias("lo"),
+        pl.when(pl.col("metric") == "group_reward").then(pl.lit(-0.1)).otherwise(pl.col("hi"))
+        .alias("hi"))
+    (line,) = regressions(worse)
+    assert line.startswith("group_reward:") and "[-0.200, -0.100]" in line and "6 units" in line
 
 
 # ---- director-specific training settings ------------------------------------------------------

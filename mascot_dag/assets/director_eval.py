@@ -90,3 +90,18 @@ def director_comparison(
         "units": rows["dialogue_id"].n_unique(),
         "contexts": rows["context_id"].n_unique(),
     })
+
+
+@dg.asset_check(asset=director_comparison)
+def director_not_worse(store: DuckDBStore, settings: LineageSettings) -> dg.AssetCheckResult:
+    """Warns (never blocks: the comparison is small at demo sizes) when the trained director is
+    significantly worse than the base director on any measured metric."""
+    from mascot_dag.lib.director_eval import regressions, summarise
+
+    summary = summarise(store.frame("SELECT * FROM director_comparison"), seed=settings.seed)
+    worse = regressions(summary)
+    return dg.AssetCheckResult(
+        passed=not worse, severity=dg.AssetCheckSeverity.WARN,
+        description=("trained director significantly worse on: " + "; ".join(worse)) if worse
+        else "trained director not significantly worse than the base on any metric",
+        metadata={"regressions": len(worse)})

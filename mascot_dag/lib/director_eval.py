@@ -173,6 +173,22 @@ def summarise(rows: pl.DataFrame, n_boot: int = 2000, seed: int = 0) -> pl.DataF
     return pl.DataFrame(out, schema=SUMMARY_SCHEMA, orient="row")
 
 
+def regressions(summary: pl.DataFrame) -> list[str]:
+    """Metrics on which the trained director is significantly WORSE than the base one (the
+    paired CI lies wholly on the wrong side of 0), as readable lines; empty when none."""
+    out = []
+    for r in summary.iter_rows(named=True):
+        lo, hi = r["lo"], r["hi"]
+        if lo is None or hi is None or math.isnan(lo) or math.isnan(hi):
+            continue
+        worse = hi < 0 if r["higher_is_better"] else lo > 0
+        if worse:
+            out.append(f"{r['metric']}: trained - base = {r['delta']:+.3f} "
+                       f"[{lo:+.3f}, {hi:+.3f}], n = {r['n_units']} units / "
+                       f"{r['n_contexts']} contexts")
+    return out
+
+
 def _fmt(x: float, digits: int = 3) -> str:
     return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}f}"
 
