@@ -24,10 +24,6 @@ from mascot_dag.lib.home import Home
 
 AP = tuple[dg.AssetKey, str | None]  # an asset partition; None for an unpartitioned asset
 
-# Every asset that writes mascot.duckdb carries pool="duckdb" (DuckDB allows one writer process
-# per file); the instance limits a pool to one step at a time (dagster.yaml below).
-DUCKDB_POOL = "duckdb"
-
 DAGSTER_YAML = """\
 # Written by `mascot init` / `mascot demo` (mascot_dag/pipeline.py prepare_home).
 concurrency:

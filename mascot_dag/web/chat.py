@@ -20,7 +20,6 @@ import logging
 import threading
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import parse_qs
 
 # At module level: FastAPI resolves the handlers' (postponed) annotations in this module's globals.
 from fastapi import FastAPI, Request
@@ -41,6 +40,7 @@ from mascot_dag.lib.chat import (
 )
 from mascot_dag.lib.dialogue import ChatFn, DialogueConfig
 from mascot_dag.lib.personas import PersonaCard
+from mascot_dag.web.forms import FormError, read_form
 
 COOKIE = "mascot_chat"
 # urlencoded UTF-8 takes up to 9 bytes per character; anything longer is not a form we sent.
@@ -151,19 +151,13 @@ def create_app(group: ChatGroup, max_sessions: int = 64, default_roster: str = "
         return resp
 
     async def form(request: Request) -> dict[str, str]:
-        body = b""
-        async for chunk in request.stream():
-            body += chunk
-            if len(body) > MAX_BODY_BYTES:
-                raise _Page(
-                    413,
-                    f"request body over {MAX_BODY_BYTES} bytes; messages are "
-                    f"limited to {MAX_MESSAGE_CHARS} characters",
-                )
         try:
-            fields = parse_qs(body.decode("utf-8"), keep_blank_values=True)
-        except UnicodeDecodeError as exc:
-            raise _Page(400, "form body is not UTF-8 text") from exc
+            fields = await read_form(request, MAX_BODY_BYTES)
+        except FormError as exc:
+            message = str(exc)
+            if exc.status == 413:
+                message += f"; messages are limited to {MAX_MESSAGE_CHARS} characters"
+            raise _Page(exc.status, message) from exc
         return {k: v[0] for k, v in fields.items()}
 
     @app.exception_handler(_Page)

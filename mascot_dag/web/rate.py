@@ -19,7 +19,7 @@ from __future__ import annotations
 import html
 import threading
 from pathlib import Path
-from urllib.parse import parse_qs, quote
+from urllib.parse import quote
 
 import polars as pl
 from fastapi import FastAPI, Request
@@ -28,6 +28,7 @@ from fastapi.responses import HTMLResponse, JSONResponse
 
 from mascot_dag.lib import db
 from mascot_dag.lib import human as H
+from mascot_dag.web.forms import FormError, read_form
 
 MAX_BODY_BYTES = 32 * 1024  # a full form is ~1.5 KB plus a comment of <= 2000 characters
 MAX_FIELDS = 100
@@ -255,17 +256,12 @@ def create_app(path: str | Path) -> FastAPI:
     async def submit(request: Request) -> HTMLResponse:
         if "urlencoded" not in request.headers.get("content-type", ""):
             return problem(415, ["send the form as application/x-www-form-urlencoded"])
-        body = b""
-        async for chunk in request.stream():
-            body += chunk
-            if len(body) > MAX_BODY_BYTES:
-                return problem(413, [f"request body over {MAX_BODY_BYTES} bytes; the comment "
-                                     f"takes at most {H.MAX_COMMENT} characters"])
         try:
-            form = parse_qs(body.decode("utf-8"), keep_blank_values=True,
-                            max_num_fields=MAX_FIELDS, strict_parsing=False)
-        except (UnicodeDecodeError, ValueError) as e:
-            return problem(400, [f"form could not be parsed: {e}"])
+            form = await read_form(request, MAX_BODY_BYTES, MAX_FIELDS)
+        except FormError as e:
+            extra = (f"; the comment takes at most {H.MAX_COMMENT} characters"
+                     if e.status == 413 else "")
+            return problem(e.status, [f"{e}{extra}"])
         item_id = form.get("item", [""])[0]
         it = await run_in_threadpool(store.item, item_id)
         if it is None:
