@@ -1,14 +1,17 @@
-"""Paired evaluation on a finished Stage 1: methods on the same held-out support contexts.
+"""Paired evaluation on a finished Stage 1: methods on the same held-out contexts.
 
-Runs the named evaluation methods on N held-out EmpatheticDialogues contexts (support mode) with
-T agent turns, using the persona adapters registered in MASCOT_HOME's MLflow store (the latest
+Runs the named evaluation methods on N held-out contexts per mode (support: EmpatheticDialogues,
+meeting: QMSum; `--modes`) with T agent turns, using the persona adapters registered in MASCOT_HOME's MLflow store (the latest
 versions; the director is the trained one if registered, else the base model), scores them with
-the `eval_scores` asset, and prints every criterion's paired difference to MASCOT (cluster
-bootstrap by context, n, significance mark). Every method sees the same contexts, simulated users
-and seeds. Meant for a home where `mascot demo --profile study` finished Stage 1:
+the `eval_scores` asset after each method (so a run stopped early keeps what finished), and
+prints every criterion's paired difference to MASCOT (cluster bootstrap by context, n,
+significance mark). Every method sees the same contexts, simulated users and seeds. `--report`
+then materialises `three_way_comparisons`, `human_ratings` and `eval_report` (the paper-layout
+report, with the champion gate) on what was scored. Meant for a home where
+`mascot demo --profile study` finished Stage 1; it replaces that home's eval dialogues:
 
-    MASCOT_HOME=/path/to/study-home python scripts/study_eval.py --contexts 24 --turns 4 \
-        --methods mascot,zero_shot,few_shot,sft,multiagent_esc,mascot_c,mascot_p
+    MASCOT_HOME=/path/to/study-home python scripts/study_eval.py --contexts 32 --turns 6 \
+        --modes support,meeting --methods mascot,zero_shot,sft,few_shot,mascot_c,mascot_p --report
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import time
 os.environ.setdefault("MASCOT_PROFILE", "study")
 
 
-def run(n_contexts: int, turns: int, methods: list[str]) -> None:
+def run(n_contexts: int, turns: int, methods: list[str], modes: list[str]) -> None:
     import dagster as dg
 
     from mascot_dag.assets.collaboration import dialogue_config, rosters, write_dialogues
@@ -40,7 +43,7 @@ def run(n_contexts: int, turns: int, methods: list[str]) -> None:
     fields.update(eval_contexts=n_contexts, agent_turns=turns, ood_valences=[], ood_domains=[])
     res["settings"] = settings = type(s)(**fields)
     store, chat, tracking = res["store"], res["chat"], res["tracking"]
-    specs = [sp for sp in eval_specs(store, settings) if sp.mode == "support"]
+    specs = [sp for sp in eval_specs(store, settings) if sp.mode in modes]
     persona_ids = [c.persona_id for c in rosters(store)["support"]]
     adapters, versions = attach_personas(chat, tracking, persona_ids, None)
     director, director_version = attach(chat, tracking, DIRECTOR_MODEL, None)
@@ -54,7 +57,18 @@ def run(n_contexts: int, turns: int, methods: list[str]) -> None:
                              sft_adapter=sft)
         write_dialogues(store, records, f"eval:{m}")
         print(f"{m}: {len(records)} dialogues in {time.time() - t0:.0f} s", flush=True)
-    assert dg.materialize([eval_scores], resources=res).success
+        assert dg.materialize([eval_scores], resources=res).success
+
+
+def full_report() -> None:
+    import dagster as dg
+
+    from mascot_dag.assets.evaluation import eval_report, three_way_comparisons
+    from mascot_dag.assets.human import human_ratings
+    from mascot_dag.profiles import resources_for
+
+    assets = [three_way_comparisons, human_ratings, eval_report]
+    assert dg.materialize(assets, resources=resources_for()).success
 
 
 def report() -> None:
@@ -62,22 +76,24 @@ def report() -> None:
     from mascot_dag.resources.store import DuckDBStore
 
     rows = DuckDBStore().frame(
-        "SELECT method, substr(dialogue_id, length('eval:' || method || ':') + 1) AS ctx, level, "
-        "judge, criterion, value FROM eval_scores WHERE value IS NOT NULL").rows()
+        "SELECT s.method, d.context_id, d.mode, s.level, s.judge, s.criterion, s.value "
+        "FROM eval_scores s JOIN dialogues d USING (dialogue_id) "
+        "WHERE s.value IS NOT NULL").rows()
     by: dict = {}
-    for m, ctx, level, judge, crit, v in rows:
-        by.setdefault((level, judge, crit), {}).setdefault(m, {})[ctx] = v
+    for m, ctx, mode, level, judge, crit, v in rows:
+        for group in (mode, "all"):  # per mode, and both modes pooled (clustered by context)
+            by.setdefault((group, level, judge, crit), {}).setdefault(m, {})[ctx] = v
     for key in sorted(by):
         d = by[key]
         if "mascot" not in d:
             continue
-        cells = [f"{key[0]}/{key[2]} ({key[1]}): mascot "
+        cells = [f"{key[0]} {key[1]}/{key[3]} ({key[2]}): mascot "
                  f"{sum(d['mascot'].values()) / len(d['mascot']):.3f}"]
         for b in sorted(set(d) - {"mascot"}):
             common = sorted(set(d["mascot"]) & set(d[b]))
             r = paired_cluster_bootstrap(common, [d["mascot"][k] - d[b][k] for k in common])
             cells.append(f"vs {b} {r['mean']:+.3f} [{r['lo']:+.3f},{r['hi']:+.3f}]"
-                         f"{significance_mark(r['lo'], r['hi'])} n={len(common)}")
+                         f"{significance_mark(r['lo'], r['hi'], len(common))} n={len(common)}")
         print(" | ".join(cells))
 
 
@@ -86,8 +102,12 @@ if __name__ == "__main__":
     ap.add_argument("--contexts", type=int, default=24)
     ap.add_argument("--turns", type=int, default=4)
     ap.add_argument("--methods", default="mascot,zero_shot,few_shot")
-    ap.add_argument("--report-only", action="store_true")
+    ap.add_argument("--modes", default="support", help="support, meeting or both (comma list)")
+    ap.add_argument("--report-only", action="store_true", help="print the paired figures only")
+    ap.add_argument("--report", action="store_true", help="also build the eval_report asset")
     a = ap.parse_args()
     if not a.report_only:
-        run(a.contexts, a.turns, a.methods.split(","))
+        run(a.contexts, a.turns, a.methods.split(","), a.modes.split(","))
+    if a.report:
+        full_report()
     report()

@@ -145,7 +145,7 @@ def test_report_shows_conditions_and_persona_heatmap(tmp_path):
     assert "ED valences ['neutral'], QMSum domains ['committee']" in text
     # in-domain: c0, c1 -> mascot 75, 100 (87.5), zero_shot 25, 50: paired +50 over n=2
     assert "| mascot | 2 | 87.5 | 87.5 | 87.5 | 87.5 | 87.5 | 87.5 | – |" in text
-    assert "+50.0 [+50.0, +50.0]* (n=2)" in text
+    assert "+50.0 [+50.0, +50.0] (n=2)" in text  # exact, but 2 contexts: no significance mark
     assert "| anchor | n/a | 75.0 (2) |" in text
     assert "persona_mbti_heatmap.png" in {p.name for p in res.plots}
     off = build_report(ReportInputs(scores, dialogues, contexts=CONTEXTS.assign(split="eval"),

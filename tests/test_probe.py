@@ -94,8 +94,13 @@ def test_paired_cluster_bootstrap_resamples_contexts_not_units():
     r = paired_cluster_bootstrap(clusters, diffs, n=2000, seed=1)
     assert r["n_clusters"] == 3 and r["n_units"] == 52
     assert r["lo"] < 0 < r["hi"]  # 3 contexts, 2 negative: no significant effect
-    assert significance_mark(r["lo"], r["hi"]) == ""
+    assert significance_mark(r["lo"], r["hi"], r["n_clusters"]) == ""
     clear = paired_cluster_bootstrap([f"c{i}" for i in range(30)], [0.5] * 30)
-    assert clear["lo"] == clear["hi"] == 0.5 and significance_mark(clear["lo"], clear["hi"]) == "*"
+    assert clear["lo"] == clear["hi"] == 0.5
+    assert significance_mark(clear["lo"], clear["hi"], clear["n_clusters"]) == "*"
+    # the same clear effect on too few contexts: the CI excludes 0, but no mark
+    few = paired_cluster_bootstrap(["a", "b"], [0.5, 0.7])
+    assert few["lo"] > 0 and significance_mark(few["lo"], few["hi"], few["n_clusters"]) == \
+        ""
     empty = paired_cluster_bootstrap([], [])
     assert empty["n_units"] == 0 and empty["mean"] != empty["mean"]  # NaN

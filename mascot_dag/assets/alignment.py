@@ -36,6 +36,7 @@ from mascot_dag.lib.judges.features import card_grams, copied_grams
 from mascot_dag.lib.judges.panel import MEAN, training_judgments
 from mascot_dag.lib.methods import sft_examples
 from mascot_dag.lib.preferences import best_per_context, mean_scores, persona_tag, reward_messages
+from mascot_dag.lib.stats import MIN_CLUSTERS_FOR_SIGNIFICANCE
 from mascot_dag.lib.tables import context_from_row
 from mascot_dag.lib.training.common import lora_relative_change
 from mascot_dag.lib.types import ChatRequest, SamplingParams
@@ -218,7 +219,10 @@ def persona_reward_model(
         version = tracking.register_version(
             REWARD_MODEL_NAME, run, tags={"pairs": str(len(pairs))})
     acc = result.heldout_accuracy
-    passed = acc is not None and ci["lo"] > 0.5
+    # a CI over fewer contexts than a test can use (stats.MIN_CLUSTERS_FOR_SIGNIFICANCE) is no
+    # evidence either way: the check does not pass on it
+    passed = (acc is not None and ci["lo"] > 0.5
+              and ci["n_clusters"] >= MIN_CLUSTERS_FOR_SIGNIFICANCE)
     return dg.MaterializeResult(
         metadata={
             "mlflow_run_id": run.info.run_id,
@@ -245,7 +249,8 @@ def persona_reward_model(
                 description=(
                     f"held-out pairwise accuracy {acc:.3f}, 95% CI [{ci['lo']:.3f}, {ci['hi']:.3f}]"
                     f" over {result.n_heldout} pairs of {ci['n_clusters']:.0f} held-out contexts; "
-                    "passes when the CI's lower bound is above chance (0.5)"
+                    "passes when the CI's lower bound is above chance (0.5) on >= "
+                    f"{MIN_CLUSTERS_FOR_SIGNIFICANCE} contexts"
                     if acc is not None else "no held-out pairs"),
                 metadata={"heldout_accuracy": acc if acc is not None else float("nan"),
                           "ci_lo": ci["lo"], "ci_hi": ci["hi"], "chance": 0.5,
@@ -388,7 +393,7 @@ def persona_adapters(
         check_results=[
             dg.AssetCheckResult(
                 check_name="fidelity_effect",
-                passed=bool(lo > 0),
+                passed=bool(lo > 0 and effect["n_contexts"] >= MIN_CLUSTERS_FOR_SIGNIFICANCE),
                 severity=dg.AssetCheckSeverity.ERROR if settings.probe_blocking
                 else dg.AssetCheckSeverity.WARN,
                 description=(
@@ -396,7 +401,8 @@ def persona_adapters(
                     f"held-out contexts ({effect['n_units']:.0f} paired units): base "
                     f"{overall['identifiable_base']:.3f} -> adapter "
                     f"{overall['identifiable_adapter']:.3f}, gain {gain:+.3f} "
-                    f"[{lo:+.3f}, {hi:+.3f}]; passes when the CI excludes zero"),
+                    f"[{lo:+.3f}, {hi:+.3f}]; passes when the CI excludes zero on >= "
+                    f"{MIN_CLUSTERS_FOR_SIGNIFICANCE} contexts"),
                 metadata=effect,
             )
         ],

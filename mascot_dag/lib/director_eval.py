@@ -40,7 +40,11 @@ from mascot_dag.lib.dialogue import (
 from mascot_dag.lib.director_reward import block_reward
 from mascot_dag.lib.frames import to_polars
 from mascot_dag.lib.judges.base import BlockItem
-from mascot_dag.lib.stats import paired_cluster_bootstrap, significance_mark
+from mascot_dag.lib.stats import (
+    MIN_CLUSTERS_FOR_SIGNIFICANCE,
+    paired_cluster_bootstrap,
+    significance_mark,
+)
 
 # name -> (higher_is_better, what it is)
 METRICS: dict[str, tuple[bool, str]] = {
@@ -168,18 +172,22 @@ def summarise(rows: pl.DataFrame, n_boot: int = 2000, seed: int = 0) -> pl.DataF
         out.append([metric, higher,
                     float(pair[f"{metric}_b"].mean()) if len(pair) else math.nan,
                     float(pair[f"{metric}_t"].mean()) if len(pair) else math.nan,
-                    r["mean"], r["lo"], r["hi"], significance_mark(r["lo"], r["hi"]),
+                    r["mean"], r["lo"], r["hi"],
+                    significance_mark(r["lo"], r["hi"], r["n_clusters"]),
                     r["p_two_sided"], int(r["n_units"]), int(r["n_clusters"])])
     return pl.DataFrame(out, schema=SUMMARY_SCHEMA, orient="row")
 
 
 def regressions(summary: pl.DataFrame) -> list[str]:
     """Metrics on which the trained director is significantly WORSE than the base one (the
-    paired CI lies wholly on the wrong side of 0), as readable lines; empty when none."""
+    paired CI lies wholly on the wrong side of 0 and rests on at least
+    MIN_CLUSTERS_FOR_SIGNIFICANCE contexts), as readable lines; empty when none."""
     out = []
     for r in summary.iter_rows(named=True):
         lo, hi = r["lo"], r["hi"]
         if lo is None or hi is None or math.isnan(lo) or math.isnan(hi):
+            continue
+        if r["n_contexts"] < MIN_CLUSTERS_FOR_SIGNIFICANCE:
             continue
         worse = hi < 0 if r["higher_is_better"] else lo > 0
         if worse:
@@ -202,7 +210,7 @@ def report_section(rows: pl.DataFrame | None, provenance: dict[str, Any] | None 
     s = summarise(rows)
     lines += ["Units: held-out context x seed, both arms from the same opening with the same "
               "seeds, users and persona adapters. Δ = trained − base, [95% bootstrap CI "
-              "resampling contexts], * the CI excludes 0; n = units / contexts.", ""]
+              "resampling contexts], * the CI excludes 0 with >= 6 contexts; n = units / contexts.", ""]
     lines += ["| metric | better | base | trained | Δ trained − base [95% CI] | n |",
               "|---|---|---|---|---|---|"]
     for r in (SimpleNamespace(**row) for row in s.iter_rows(named=True)):

@@ -3,7 +3,8 @@ QMSum domain, and set our numbers beside the paper's.
 
 Every comparison with MASCOT is a PAIRED difference, Δ = MASCOT − method, over the contexts both
 methods were scored on (same contexts, users and seeds), with a 95% bootstrap CI that resamples
-contexts (`stats.paired_cluster_bootstrap`), n = paired contexts, and '*' when the CI excludes 0.
+contexts (`stats.paired_cluster_bootstrap`), n = paired contexts, and '*' when the CI excludes 0
+and n >= 6 (`stats.MIN_CLUSTERS_FOR_SIGNIFICANCE`).
 Unpaired means of two methods would carry the between-context spread, which dwarfs the method
 effect at our sizes. Numbers are 0-100; inputs are the report's judge rows already on 0-100.
 """
@@ -25,7 +26,7 @@ REF = "mascot"
 OVERALL = "overall"
 N_BOOT = 2000
 PAIRED_NOTE = ("Δ = mascot − method on the same contexts (positive: MASCOT ahead); [95% bootstrap "
-               "CI over contexts]; * the CI excludes 0; n = paired contexts.")
+               "CI over contexts]; * the CI excludes 0 with n >= 6; n = paired contexts.")
 
 
 def md_table(header: list[str], rows: Iterable[list[Any]]) -> list[str]:
@@ -82,7 +83,7 @@ def diff_cell(r: dict[str, float], digits: int = 1) -> str:
         return "n/a (no paired contexts)"
     if r["n_clusters"] < 2:  # a bootstrap over one context is the point itself, not a CI
         return f"{r['mean']:+.{digits}f} (n=1, no CI)"
-    mark = significance_mark(r["lo"], r["hi"])
+    mark = significance_mark(r["lo"], r["hi"], r["n_clusters"])
     return (f"{r['mean']:+.{digits}f} [{r['lo']:+.{digits}f}, {r['hi']:+.{digits}f}]{mark} "
             f"(n={int(r['n_clusters'])})")
 

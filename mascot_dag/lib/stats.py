@@ -260,8 +260,15 @@ def paired_cluster_bootstrap(
     return {"mean": mean, "lo": float(lo), "hi": float(hi), "p_two_sided": min(1.0, p), **out}
 
 
-def significance_mark(lo: float, hi: float) -> str:
-    """'*' when a 95% CI of a difference excludes zero, '' otherwise (NaN: '')."""
-    if any(math.isnan(x) for x in (lo, hi)):
+# Fewest contexts a significance mark may rest on. Why 6: with 5 contexts even an exact sign test
+# cannot reach two-sided 5% (2 / 2**5 = 0.0625), while a percentile bootstrap over 2-5 contexts
+# that share a sign "excludes 0" every time (it only resamples what it saw): a '*' there is noise.
+MIN_CLUSTERS_FOR_SIGNIFICANCE = 6
+
+
+def significance_mark(lo: float, hi: float, n_clusters: float) -> str:
+    """'*' when a 95% CI of a difference excludes zero AND rests on at least
+    MIN_CLUSTERS_FOR_SIGNIFICANCE contexts; '' otherwise (NaN bounds: '')."""
+    if any(math.isnan(x) for x in (lo, hi)) or n_clusters < MIN_CLUSTERS_FOR_SIGNIFICANCE:
         return ""
     return "*" if lo > 0 or hi < 0 else ""
