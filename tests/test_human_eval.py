@@ -323,6 +323,13 @@ def _count(path: Path, rater: str) -> tuple[int, int]:
     return int(r.a[0]), int(r.b[0])
 
 
+def _wait_for(browser, text: str, timeout: float = 30.0) -> None:
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    WebDriverWait(browser, timeout).until(lambda b: text in b.page_source,
+                                          f"page never showed {text!r}")
+
+
 def test_rate_a_whole_item_in_the_browser(server, browser, tmp_path):
     from selenium.webdriver.common.by import By
 
@@ -330,8 +337,11 @@ def test_rate_a_whole_item_in_the_browser(server, browser, tmp_path):
     browser.get(base + "/")
     browser.find_element(By.ID, "rater").send_keys("Grace H")
     browser.find_element(By.ID, "start").click()
-    assert "0 of 1 items rated" in browser.page_source
+    # a click that submits a form returns before the next page has loaded (on a busy machine
+    # the old page is still there): wait for what the next page shows
+    _wait_for(browser, "0 of 1 items rated")
     browser.find_element(By.ID, "next").click()
+    _wait_for(browser, 'id="submit"')
     page = browser.page_source
     # blind: neither methods nor dialogue ids reach the page
     for hidden in ("mascot", "zero_shot", "few_shot", "eval:"):
@@ -347,6 +357,7 @@ def test_rate_a_whole_item_in_the_browser(server, browser, tmp_path):
     browser.save_screenshot(str(shot))
     assert shot.stat().st_size > 10_000 and shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     browser.find_element(By.ID, "submit").click()
+    _wait_for(browser, 'id="confirmation"')
     confirmation = browser.find_element(By.ID, "confirmation").text
     assert "Grace H" in confirmation and "27 ratings" in confirmation and "1 of 1" in confirmation
     done = tmp_path / "rate_done.png"
@@ -365,7 +376,7 @@ def test_rate_a_whole_item_in_the_browser(server, browser, tmp_path):
     # reopening the item shows the stored answer and says a new one replaces it
     q = urllib.parse.urlencode({"rater": "Grace H", "item": ITEM})
     browser.get(f"{base}/item?{q}")
-    assert "replaces that answer" in browser.page_source
+    _wait_for(browser, "replaces that answer")
     assert browser.find_element(By.ID, "best.B").is_selected()
     assert browser.find_element(By.ID, f"{H.field_name('C', 'fidelity')}.1").is_selected()
 

@@ -23,6 +23,7 @@ from mascot_dag.assets.registry import DIRECTOR_MODEL, attach, attach_personas, 
 from mascot_dag.lib import champion as gate
 from mascot_dag.lib.frames import to_polars
 from mascot_dag.lib.home import Home
+from mascot_dag.lib.human import three_way_trios
 from mascot_dag.lib.judges.agreement import agreement, agreement_markdown
 from mascot_dag.lib.methods import ASSISTANT, METHODS, run_method
 from mascot_dag.lib.rollout import build_specs
@@ -167,25 +168,20 @@ def three_way_comparisons(
     turns = store.frame("SELECT t.*, d.method, d.context_id FROM turns t JOIN dialogues d "
                         "USING (dialogue_id) WHERE d.stage = 'eval' ORDER BY t.turn_idx")
     ctx = dict(store.frame("SELECT context_id, text FROM contexts").rows())
-    others = [m for m in METHODS if m != "mascot"]
     j = judges.picker()
     rows = []
-    by_context = turns.partition_by("context_id", as_dict=True)  # keeps the turn order
-    for i, ((cid,), g) in enumerate(sorted(by_context.items(), key=lambda kv: kv[0])):
-        present = set(g["method"])
-        pool = [m for m in others if m in present]
-        if "mascot" not in present or len(pool) < 2:
-            continue
-        for k in range(max(1, len(pool) // 2)):
-            trio = ["mascot", pool[(2 * (i + k)) % len(pool)], pool[(2 * (i + k) + 1) % len(pool)]]
-            random.Random(f"{settings.seed}:{cid}:{k}").shuffle(trio)
-            options = [g.filter(pl.col("method") == m).select("speaker", "text").to_dicts()
-                       for m in trio]
-            best = j.pick_best(ctx[cid], options)
-            rows.append({"comparison_id": f"{cid}:{k}:{j.name}", "context_id": cid, "judge": j.name,
-                         "shown_order": json.dumps(trio),
-                         "winner": trio[best] if best is not None else None,
-                         "status": "ok" if best is not None else "failed"})
+    by_context = {cid: g for (cid,), g in turns.partition_by("context_id", as_dict=True).items()}
+    present = {cid: set(g["method"]) for cid, g in by_context.items()}
+    for cid, k, trio in three_way_trios(present):
+        g = by_context[cid]  # partition_by keeps the turn order
+        random.Random(f"{settings.seed}:{cid}:{k}").shuffle(trio)
+        options = [g.filter(pl.col("method") == m).select("speaker", "text").to_dicts()
+                   for m in trio]
+        best = j.pick_best(ctx[cid], options)
+        rows.append({"comparison_id": f"{cid}:{k}:{j.name}", "context_id": cid, "judge": j.name,
+                     "shown_order": json.dumps(trio),
+                     "winner": trio[best] if best is not None else None,
+                     "status": "ok" if best is not None else "failed"})
     df = pl.DataFrame(rows, schema=dict.fromkeys(["comparison_id", "context_id", "judge",
                                                    "shown_order", "winner", "status"], pl.String))
     store.replace("comparisons", df)
@@ -301,7 +297,8 @@ def eval_report(
             "report_path": dg.MetadataValue.path(str(result.markdown)),
             "report": dg.MetadataValue.md(result.markdown.read_text(encoding="utf-8")[:20000]),
             "plots": [str(p) for p in result.plots],
-            "headline_overall_0_100": {k: round(v, 2) for k, v in result.headline.items() if v is not None},
+            "headline_overall_0_100": {k: round(v, 2) for k, v in result.headline.items()
+                                       if v is not None},
             "mlflow_run_id": run.info.run_id,
             "champion_decision": decision.reason,
             "champion_moved": moved,

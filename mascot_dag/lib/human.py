@@ -75,9 +75,10 @@ class Item:
     dialogue_ids: tuple[str, str, str]  # same order as methods
 
 
-def _trios(context_methods: dict[str, set[str]]) -> list[tuple[str, int, list[str]]]:
-    """The `three_way_comparisons` selection rule: per context (sorted), mascot plus two others
-    walking the baseline pool, len(pool)//2 trios per context."""
+def three_way_trios(context_methods: dict[str, set[str]]) -> list[tuple[str, int, list[str]]]:
+    """Which trios are compared, per context (sorted by id): [mascot, two others] walking the
+    pool of other methods present, len(pool)//2 trios per context, as (context_id, k, trio).
+    The one rule of the `three_way_comparisons` asset and of the human rating items."""
     others = [m for m in METHODS if m != "mascot"]
     out = []
     for i, cid in enumerate(sorted(context_methods)):
@@ -115,7 +116,7 @@ def build_items(dialogues: pl.DataFrame, comparisons: pl.DataFrame | None = None
         cm: dict[str, set[str]] = {}
         for m, cid in by_key:
             cm.setdefault(cid, set()).add(m)
-        trios = {f"{cid}:{k}": (cid, ms) for cid, k, ms in _trios(cm)}
+        trios = {f"{cid}:{k}": (cid, ms) for cid, k, ms in three_way_trios(cm)}
     items = []
     for iid, (cid, shown) in sorted(trios.items()):
         # canonical order (mascot, then a-z): a rater's shuffle must not depend on the order the
