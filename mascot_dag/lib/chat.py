@@ -21,10 +21,10 @@ from typing import Literal
 from mascot_dag.lib.dialogue import (
     DialogueConfig,
     DialogueSpec,
-    _agent_request,
-    _directives,
-    _State,
+    DialogueState,
+    agent_request,
     clean_agent_text,
+    direct_turns,
 )
 from mascot_dag.lib.personas import PersonaCard
 from mascot_dag.lib.types import ChatRequest, ChatResult, Context
@@ -96,12 +96,12 @@ class ChatSession:
     ) -> None:
         """`labels`: persona_id -> version_label of its adapter (missing = BASE_LABEL)."""
         self.roster, self.generate, self.config = roster, generate, config
-        self.state: _State | None = None
+        self.state: DialogueState | None = None
         self.seed, self.mode = seed, mode
         self.labels = labels or {}
         self.log: list[ChatTurn] = []
 
-    def _start(self, text: str) -> _State:
+    def _start(self, text: str) -> DialogueState:
         if self.mode == "support":
             ctx = Context(
                 "chat",
@@ -122,7 +122,7 @@ class ChatSession:
                 queries=[{"query": text, "answer": ""}],
             )
         spec = DialogueSpec("chat", ctx, self.mode, self.roster, None, self.seed, 10**6)
-        return _State(spec, rng=random.Random(self.seed))
+        return DialogueState(spec, rng=random.Random(self.seed))
 
     def say(self, text: str) -> list[tuple[PersonaCard, str, dict]]:
         """Add the user's turn; return [(card, reply, directive)] for this round. When the model
@@ -149,10 +149,10 @@ class ChatSession:
         self.log.append(ChatTurn("user", "user", "You", text))
         replies = []
         for _ in range(self.config.agents_per_round):
-            d = _directives([st], self.generate, self.config)[0]
+            d = direct_turns([st], self.generate, self.config)[0]
             card = next(c for c in self.roster if c.persona_id == d["speaker"])
             idx = len(st.turns)
-            res = self.generate([_agent_request(st, card, d, self.config, idx)])[0]
+            res = self.generate([agent_request(st, card, d, self.config, idx)])[0]
             reply = clean_agent_text(res.text, self.roster)
             used = self.config.persona_adapters.get(card.persona_id) or "base+prompt"
             st.add("agent", card.persona_id, reply, used)

@@ -72,7 +72,8 @@ class DialogueConfig:
     no_repeat: bool = True  # nobody speaks twice in a row (director retries, then falls back)
     agents_per_round: int = 2  # support mode: the user replies after every round of agents
     max_new_tokens_agent: int = 48
-    max_new_tokens_director: int = 48  # a directive JSON is ~25-45 tokens (base model: mean 30, max 46)
+    # a directive JSON is ~25-45 tokens (base model: mean 30, max 46)
+    max_new_tokens_director: int = 48
     max_new_tokens_user: int = 40
     temperature: float = 0.7
     director_temperature: float | None = None  # None = temperature
@@ -140,7 +141,7 @@ def clean_agent_text(text: str, roster: list[PersonaCard]) -> str:
 
 
 @dataclass
-class _State:
+class DialogueState:
     spec: DialogueSpec
     turns: list[dict] = field(default_factory=list)
     directives: list[dict] = field(default_factory=list)
@@ -235,8 +236,8 @@ def opening_agent_messages(
     return list(agent_messages(card, context, history, roster, prompt_style))
 
 
-def _agent_request(
-    st: _State, card: PersonaCard, directive: dict | None, config: DialogueConfig, idx: int
+def agent_request(
+    st: DialogueState, card: PersonaCard, directive: dict | None, config: DialogueConfig, idx: int
 ) -> ChatRequest:
     messages = agent_messages(
         card, st.spec.context, st.history(), st.spec.roster, config.prompt_style, directive,
@@ -250,7 +251,7 @@ def _agent_request(
     return ChatRequest(messages, sampling, config.persona_adapters.get(card.persona_id))
 
 
-def _user_request(st: _State, config: DialogueConfig, idx: int) -> ChatRequest:
+def user_request(st: DialogueState, config: DialogueConfig, idx: int) -> ChatRequest:
     spec = st.spec
     situation = spec.context.situation or spec.context.text[:300]
     if spec.user_profile is not None:
@@ -273,7 +274,7 @@ def _user_request(st: _State, config: DialogueConfig, idx: int) -> ChatRequest:
     )
 
 
-def _pick_without_director(st: _State, config: DialogueConfig) -> str:
+def _pick_without_director(st: DialogueState, config: DialogueConfig) -> str:
     ids = [c.persona_id for c in st.spec.roster]
     if config.speaker_policy == "round_robin":
         return ids[st.n_agent % len(ids)]
@@ -282,7 +283,9 @@ def _pick_without_director(st: _State, config: DialogueConfig) -> str:
     return st.rng.choice(allowed)
 
 
-def _directives(states: list[_State], generate: ChatFn, config: DialogueConfig) -> list[dict]:
+def direct_turns(
+    states: list[DialogueState], generate: ChatFn, config: DialogueConfig
+) -> list[dict]:
     """Director decisions for all states: one chat call per attempt round (first, then retries)."""
     turns = [
         DirectorTurn(
@@ -332,14 +335,14 @@ def run_dialogues(
     if len(set(ids)) != len(ids):
         dupes = sorted({i for i in ids if ids.count(i) > 1})
         raise ValueError(f"run_dialogues: duplicate dialogue_id in specs: {dupes}")
-    states = [_State(s, rng=random.Random(s.seed)) for s in specs]
+    states = [DialogueState(s, rng=random.Random(s.seed)) for s in specs]
     for st in states:
         speaker, text = _opening(st.spec)
         st.add("user", speaker, text, "context")
 
     while active := [st for st in states if not st.done]:
         if config.speaker_policy == "director":
-            chosen = _directives(active, generate, config)
+            chosen = direct_turns(active, generate, config)
         else:
             chosen = [None] * len(active)
         jobs = []
@@ -347,7 +350,7 @@ def run_dialogues(
             pid = d["speaker"] if d else _pick_without_director(st, config)
             card = next(c for c in st.spec.roster if c.persona_id == pid)
             jobs.append((st, card, d, len(st.turns)))
-        results = generate([_agent_request(st, c, d, config, i) for st, c, d, i in jobs])
+        results = generate([agent_request(st, c, d, config, i) for st, c, d, i in jobs])
         for (st, card, d, idx), res in zip(jobs, results, strict=True):
             adapter = config.persona_adapters.get(card.persona_id)
             used = adapter or ("base+prompt" if config.persona_grounding else "base+generic")
@@ -364,13 +367,13 @@ def run_dialogues(
             and st.n_agent % config.agents_per_round == 0
         ]
         if users:
-            reqs = [_user_request(st, config, len(st.turns)) for st in users]
+            reqs = [user_request(st, config, len(st.turns)) for st in users]
             for st, res in zip(users, generate(reqs), strict=True):
                 st.add("user", "user", clean_agent_text(res.text, st.spec.roster), "base+user")
     return [_record(st, config, stage, method) for st in states]
 
 
-def _record(st: _State, config: DialogueConfig, stage: str, method: str) -> DialogueRecord:
+def _record(st: DialogueState, config: DialogueConfig, stage: str, method: str) -> DialogueRecord:
     spec = st.spec
     models = {
         "personas": {

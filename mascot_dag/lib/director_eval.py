@@ -210,7 +210,8 @@ def report_section(rows: pl.DataFrame | None, provenance: dict[str, Any] | None 
     s = summarise(rows)
     lines += ["Units: held-out context x seed, both arms from the same opening with the same "
               "seeds, users and persona adapters. Δ = trained − base, [95% bootstrap CI "
-              "resampling contexts], * the CI excludes 0 with >= 6 contexts; n = units / contexts.", ""]
+              "resampling contexts], * the CI excludes 0 with >= 6 contexts; "
+              "n = units / contexts.", ""]
     lines += ["| metric | better | base | trained | Δ trained − base [95% CI] | n |",
               "|---|---|---|---|---|---|"]
     for r in (SimpleNamespace(**row) for row in s.iter_rows(named=True)):

@@ -32,10 +32,10 @@ from mascot_dag.lib.dialogue import (
     DialogueConfig,
     DialogueRecord,
     DialogueSpec,
-    _agent_request,
-    _State,
-    _user_request,
+    DialogueState,
+    agent_request,
     clean_agent_text,
+    user_request,
 )
 from mascot_dag.lib.director import (
     Directive,
@@ -130,7 +130,7 @@ def roll_blocks(
     chat call for the agent turns and one for the user turns of all jobs per step."""
     if horizon < 1:
         raise ValueError(f"director reward horizon must be >= 1, got {horizon}")
-    sts = [_State(s.spec, turns=[dict(t) for t in s.turns],
+    sts = [DialogueState(s.spec, turns=[dict(t) for t in s.turns],
                   n_agent=sum(t["role"] == "agent" for t in s.turns)) for s, _ in jobs]
     starts = [len(st.turns) for st in sts]
     agent_next = [True] * len(jobs)
@@ -153,7 +153,7 @@ def roll_blocks(
                 d = fallback_directive(card, st.spec.mode, len(st.turns))
             card = next(c for c in st.spec.roster if c.persona_id == d.speaker)
             directive = {"speaker": d.speaker, "action": d.action, "tone": d.tone}
-            reqs.append(_agent_request(st, card, directive, config, len(st.turns)))
+            reqs.append(agent_request(st, card, directive, config, len(st.turns)))
             picked.append(card)
         for k, card, res in zip(agents, picked, generate(reqs) if reqs else [], strict=True):
             st = sts[k]
@@ -161,7 +161,7 @@ def roll_blocks(
             st.n_agent += 1
             agent_next[k] = not (st.spec.mode == "support"
                                  and st.n_agent % config.agents_per_round == 0)
-        ureqs = [_user_request(sts[k], config, len(sts[k].turns)) for k in users]
+        ureqs = [user_request(sts[k], config, len(sts[k].turns)) for k in users]
         for k, res in zip(users, generate(ureqs) if ureqs else [], strict=True):
             st = sts[k]
             st.add("user", "user", clean_agent_text(res.text, st.spec.roster), "reward")

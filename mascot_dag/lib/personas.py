@@ -45,7 +45,8 @@ def load_persona_file(path: str | Path) -> list[PersonaCard]:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
         raise PersonaFileError(f"{path}: cannot read persona file: {exc}") from exc
-    if not isinstance(data, dict) or "set" not in data or not isinstance(data.get("personas"), list):
+    if (not isinstance(data, dict) or "set" not in data
+            or not isinstance(data.get("personas"), list)):
         raise PersonaFileError(f"{path}: expected a mapping with 'set' and a list 'personas'")
     cards = []
     for i, raw in enumerate(data["personas"]):
@@ -97,7 +98,8 @@ def system_prompt(card: PersonaCard, style: str, roster: list[PersonaCard] | Non
         "Avoid: " + "; ".join(card.avoid) + ".",
     ]
     if others:
-        lines.append(f"Other companions in the group: {', '.join(others)}. Speak only for yourself.")
+        lines.append(f"Other companions in the group: {', '.join(others)}. "
+                     "Speak only for yourself.")
     if style == "few_shot":
         lines.append("Examples of how you speak:")
         lines += [f"- {e}" for e in card.examples]
