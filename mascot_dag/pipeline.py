@@ -19,6 +19,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import dagster as dg
+from dagster._core.storage.tags import (  # the tags the daemon puts on a range run
+    ASSET_PARTITION_RANGE_END_TAG,
+    ASSET_PARTITION_RANGE_START_TAG,
+)
 
 from mascot_dag.lib.home import Home
 
@@ -67,14 +71,23 @@ def write_dagster_yaml(dagster_home: str | os.PathLike) -> None:
 
 @dataclass(frozen=True)
 class Step:
-    """One run: these assets (and their checks) for one partition key (None: unpartitioned)."""
+    """One run: these assets (and their checks) for one partition key (None: unpartitioned), or,
+    for an asset with a single-run backfill policy, for the range `partition_keys` (first to
+    last, in the partitions definition's order; `partition` is then the first)."""
 
     assets: tuple[dg.AssetKey, ...]
     partition: str | None
+    partition_keys: tuple[str, ...] = ()
+
+    @property
+    def partitions(self) -> tuple[str | None, ...]:
+        return self.partition_keys or (self.partition,)
 
     @property
     def label(self) -> str:
         names = ", ".join(k.to_user_string() for k in self.assets)
+        if self.partition_keys:
+            return f"{names} [{self.partition_keys[0]}..{self.partition_keys[-1]}]"
         return f"{names} [{self.partition}]" if self.partition else names
 
 
@@ -106,6 +119,11 @@ def parent_partitions(graph, ap: AP) -> set[AP]:
                 subset, node.partitions_def, pdef).partitions_subset
             out.update((parent, p) for p in upstream.get_partition_keys())
     return out
+
+
+def _single_run(graph, key: dg.AssetKey) -> bool:
+    policy = graph.get(key).backfill_policy
+    return policy is not None and policy.max_partitions_per_run is None  # = single_run()
 
 
 def _runs_with_parent(graph, child: dg.AssetKey, parent: dg.AssetKey) -> bool:
@@ -156,6 +174,15 @@ class LineageWalk:
                     grew = True
         first = min(ready, key=self._rank)
         pdef = self.graph.get(first[0]).partitions_def
+        if first[1] is not None and _single_run(self.graph, first[0]):
+            # as the daemon backfills it: the contiguous ready partitions from `first`, one run
+            keys = _keys(self.graph, first[0])
+            run = []
+            for p in keys[keys.index(first[1]):]:
+                if (first[0], p) not in ready:
+                    break
+                run.append(p)
+            return Step((first[0],), first[1], tuple(run) if len(run) > 1 else ())
         group = sorted((ap for ap in ready if ap[1] == first[1]
                         and self.graph.get(ap[0]).partitions_def == pdef), key=self._rank)
         # a chained child joins only with its parent present in this group
@@ -165,9 +192,10 @@ class LineageWalk:
     def record(self, step: Step, succeeded: Iterable[dg.AssetKey]) -> None:
         ok = set(succeeded)
         for key in step.assets:
-            ap = (key, step.partition)
-            self.todo.discard(ap)
-            (self.done if key in ok else self.failed).add(ap)
+            for p in step.partitions:
+                ap = (key, p)
+                self.todo.discard(ap)
+                (self.done if key in ok else self.failed).add(ap)
 
     def _skip_blocked(self) -> None:
         bad = self.failed | self.skipped
@@ -289,10 +317,15 @@ def run_lineage(
         results: list[StepResult] = []
         while (step := walk.next_step()) is not None:
             t0 = time.monotonic()
+            run_tags, key = dict(lineage_tag), step.partition
+            if step.partition_keys:  # a single-run range, tagged as the daemon tags it
+                run_tags.update({ASSET_PARTITION_RANGE_START_TAG: step.partition_keys[0],
+                                 ASSET_PARTITION_RANGE_END_TAG: step.partition_keys[-1]})
+                key = None
             result = job.execute_in_process(
                 instance=instance, asset_selection=list(step.assets),
-                partition_key=step.partition, run_config=QUIET_RUN_CONFIG,
-                tags=lineage_tag, raise_on_error=False)
+                partition_key=key, run_config=QUIET_RUN_CONFIG,
+                tags=run_tags, raise_on_error=False)
             ok = _succeeded(result, step, checks_by_op)
             walk.record(step, ok)
             errors = tuple(e.step_failure_data.error.to_string()[-2000:]

@@ -105,14 +105,21 @@ def lineage(tmp_path_factory):
 
 def test_materialize_all_is_asset_runs_through_eval_report(lineage):
     """Every run of the backfill is an asset run of the real assets (no nesting op, no
-    ephemeral job), each eval method its own partition run, and eval_report's check ran."""
+    ephemeral job), a run per persona partition, ONE run for every eval method (eval_dialogues'
+    single-run backfill policy), and eval_report's check ran."""
     runs = lineage["backfill"]["runs"]
     assert lineage["backfill"]["isAssetBackfill"]
     assert {r["jobName"] for r in runs} == {"__ASSET_JOB"}, {r["jobName"] for r in runs}
-    from mascot_dag.lib.methods import METHODS
+    from mascot_dag.assets.evaluation import method_partitions
 
-    parts = {t["value"] for r in runs for t in r["tags"] if t["key"] == "dagster/partition"}
-    assert set(METHODS) <= parts and {"anchor", "beacon"} <= parts, parts
+    tags = [{t["key"]: t["value"] for t in r["tags"]} for r in runs]
+    parts = {t["dagster/partition"] for t in tags if "dagster/partition" in t}
+    assert {"anchor", "beacon"} <= parts, parts
+    methods = method_partitions.get_partition_keys()
+    ranges = [(t["dagster/asset_partition_range_start"], t["dagster/asset_partition_range_end"])
+              for t in tags if "dagster/asset_partition_range_start" in t]
+    assert ranges == [(methods[0], methods[-1])], ranges
+    assert not set(methods) & parts, parts
     checks = {c["name"]: c["executionForLatestMaterialization"] for c in lineage["checks"]}
     assert checks["champion_gate"] is not None, checks
     assert checks["champion_gate"]["status"] in ("SUCCEEDED", "FAILED"), checks
@@ -273,7 +280,8 @@ def test_rerun_materialises_only_what_is_missing(lineage):
         assert job.execute_in_process(instance=instance, asset_selection=[key],
                                       partition_key="zero_shot").success
         results = run_lineage(resources, instance=instance, missing_only=True)
-    done = {(k.to_user_string(), r.step.partition) for r in results for k in r.step.assets}
+    done = {(k.to_user_string(), p) for r in results for k in r.step.assets
+            for p in r.step.partitions}
     below, stack = set(), [key]
     while stack:  # every descendant (all unpartitioned here)
         for child in graph.get(stack.pop()).child_keys - below:

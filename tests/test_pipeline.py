@@ -37,21 +37,25 @@ def test_plan_runs_every_partition_once_after_its_parents(graph):
     seen: list = []
     for step in steps:
         for key in step.assets:
-            ap = (key, step.partition)
-            missing = parent_partitions(graph, ap) - set(seen)
-            # a parent in the same run (unpartitioned chain, identity mapping) counts as before
-            missing -= {(k, step.partition) for k in step.assets}
-            assert not missing, f"{step.label}: runs before {missing}"
-            seen.append(ap)
+            for p in step.partitions:
+                ap = (key, p)
+                missing = parent_partitions(graph, ap) - set(seen)
+                # a parent in the same run (unpartitioned chain, identity mapping) counts as before
+                missing -= {(k, p) for k in step.assets}
+                assert not missing, f"{step.label}: runs before {missing}"
+                seen.append(ap)
     assert sorted(seen, key=str) == sorted(asset_partitions(graph), key=str)  # each exactly once
     labels = [s.label for s in steps]
     first_judging = min(i for i, s in enumerate(steps) if K("persona_judgments") in s.assets)
     last_candidates = max(i for i, s in enumerate(steps) if K("candidate_responses") in s.assets)
     assert last_candidates < first_judging, labels
-    # judgments and pairs of one persona share a run (identity mapping); eval is per method
+    # judgments and pairs of one persona share a run (identity mapping); every eval method is
+    # one run (eval_dialogues has a single-run backfill policy), as the daemon backfills it
     assert f"persona_judgments, persona_preference_pairs [{SUPPORT_PERSONAS[0]}]" in labels
-    evals = [s.partition for s in steps if s.assets == (K("eval_dialogues"),)]
-    assert evals == list(method_partitions.get_partition_keys())
+    evals = [s for s in steps if s.assets == (K("eval_dialogues"),)]
+    methods = tuple(method_partitions.get_partition_keys())
+    assert [s.partition_keys for s in evals] == [methods], labels
+    assert f"eval_dialogues [{methods[0]}..{methods[-1]}]" in labels
     assert steps[0].partition is None and K("contexts") in steps[0].assets
 
 
@@ -107,3 +111,17 @@ def test_prepare_home_writes_instance_settings(tmp_path, monkeypatch):
         cfg = instance.get_concurrency_config()
         assert cfg.pool_config.default_pool_limit == 1
         assert cfg.run_queue_config.max_concurrent_runs == 1
+
+
+def test_single_run_asset_takes_only_the_contiguous_ready_range(graph):
+    """A missing-only walk over some eval methods: contiguous ones share a run, a gap splits."""
+    methods = list(method_partitions.get_partition_keys())
+    todo = {(K("eval_dialogues"), m) for m in methods[:3] + methods[4:6]}
+    walk, steps = LineageWalk(graph, todo), []
+    while (step := walk.next_step()) is not None:
+        steps.append(step)
+        walk.record(step, step.assets)
+    assert [s.partitions for s in steps] == [tuple(methods[:3]), tuple(methods[4:6])]
+    assert walk.done == todo
+    one = LineageWalk(graph, {(K("eval_dialogues"), methods[3])}).next_step()
+    assert one is not None and one.partition_keys == () and one.partitions == (methods[3],)

@@ -7,6 +7,7 @@ import json
 import math
 import random
 import time
+import warnings
 
 import dagster as dg
 import polars as pl
@@ -49,11 +50,19 @@ def eval_specs(store: DuckDBStore, settings: LineageSettings):
                        "eval", settings.seed)
 
 
+# `backfill_policy` is marked beta in Dagster 1.13 (it has been stable in use since 1.5): the
+# warning would be the one line of noise in every console that loads the definitions
+warnings.filterwarnings("ignore", message="Parameter `backfill_policy`")
+
+
 @dg.asset(group_name="evaluation", partitions_def=method_partitions,
           # every persona adapter (the default between two partitionings would be identity:
           # method "mascot" -> persona "mascot", which does not exist)
           deps=["director_adapter", "policy_sft", "contexts",
                 dg.AssetDep("persona_adapters", partition_mapping=dg.AllPartitionMapping())],
+          # a backfill of several methods is ONE run: the model and every adapter load once
+          # instead of once per method (docs/DESIGN.md, "Whole-lineage runs")
+          backfill_policy=dg.BackfillPolicy.single_run(),
           kinds={"duckdb", "pytorch"}, pool=DUCKDB_POOL, retry_policy=TRANSIENT_RETRY)
 def eval_dialogues(
     context: dg.AssetExecutionContext,
@@ -62,12 +71,43 @@ def eval_dialogues(
     tracking: MLflowResource,
     settings: LineageSettings,
 ) -> dg.MaterializeResult:
-    """One method's dialogues on the eval split: same contexts, simulated users and seeds for all.
+    """Each requested method's dialogues on the eval split: same contexts, simulated users and
+    seeds for all. One run covers every method of a backfill (one partition when materialised
+    alone); each method's dialogues are written as soon as they exist.
 
     Partition `champion`: the `mascot` recipe with the versions under the MLflow alias `champion`;
     no dialogues while no champion exists (the gate then compares against zero_shot)."""
-    method = context.partition_key
     specs = eval_specs(store, settings)
+    per_method, failed = {}, {}
+    for method in context.partition_keys:
+        t0 = time.monotonic()
+        try:
+            per_method[method] = _eval_method(method, specs, store, chat, tracking, settings)
+        except Exception as exc:  # the other methods still run; the step fails at the end
+            context.log.error(f"eval_dialogues [{method}] failed: {exc!r}")
+            failed[method] = exc
+            continue
+        per_method[method]["seconds"] = round(time.monotonic() - t0, 1)
+    if failed:
+        # no step retry: it would re-run the methods that succeeded (their dialogues are stored);
+        # re-materialise the failed methods' partitions instead
+        first = next(iter(failed.values()))
+        raise dg.Failure(
+            f"eval_dialogues failed for {sorted(failed)} (stored: {sorted(per_method)}); "
+            f"first error: {first!r}. Re-materialise those partitions.",
+            allow_retries=False) from first
+    if len(per_method) == 1:
+        ((method, meta),) = per_method.items()
+        return dg.MaterializeResult(metadata={**meta.pop("table"), **meta})
+    return dg.MaterializeResult(metadata={
+        "methods": sorted(per_method),
+        **{f"{m}/{k}": v for m, meta in per_method.items() for k, v in meta.items()
+           if k != "table"}})
+
+
+def _eval_method(method: str, specs, store: DuckDBStore, chat: ChatModelResource,
+                 tracking: MLflowResource, settings: LineageSettings) -> dict:
+    """Run and store one method's eval dialogues; its metadata ("table": the per-run preview)."""
     persona_ids = [c.persona_id for c in rosters(store)["support"]]
     alias = "champion" if method == gate.CHAMPION else None
     adapters, versions = attach_personas(chat, tracking, persona_ids, alias)
@@ -83,9 +123,10 @@ def eval_dialogues(
         records = run_method(method, specs, chat.backend().generate, dialogue_config(settings),
                              persona_adapters=adapters, director_adapter=director, sft_adapter=sft)
     d, t, x = write_dialogues(store, records, f"eval:{method}")
-    return dg.MaterializeResult(metadata=dialogue_metadata(
-        d, t, x, method=method, persona_adapter_versions=versions,
-        director_version=director_version or "none", sft_adapter=sft or "none"))
+    table = dialogue_metadata(d, t, x)
+    return {"table": table, "method": method, "dialogues": len(d), "agent_turns":
+            table["agent_turns"], "persona_adapter_versions": versions,
+            "director_version": director_version or "none", "sft_adapter": sft or "none"}
 
 
 def _embedder():
