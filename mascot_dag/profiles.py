@@ -86,7 +86,8 @@ def resources_for(name: str | None = None) -> dict:
         "judges": judge_panel(name),
     }
     if name == "paper":
-        resources["chat"] = VLLMChatResource(model=os.environ.get("MASCOT_MODEL", "Qwen/Qwen3-1.7B"))
+        resources["chat"] = VLLMChatResource(
+            model=os.environ.get("MASCOT_MODEL", "Qwen/Qwen3-1.7B"))
     else:
         resources["chat"] = TransformersChatResource()
     return resources
@@ -98,7 +99,8 @@ def judge_panel(name: str):
     when one is configured). paper: embedded + LLM judge, training on their mean (the LLM judge
     needs MASCOT_JUDGE_BASE_URL). Any profile: MASCOT_JUDGE_BASE_URL set adds the LLM judge at
     that OpenAI-compatible endpoint (MASCOT_JUDGE_MODEL, MASCOT_JUDGE_API_KEY,
-    MASCOT_JUDGE_MAX_TOKENS); it evaluates beside the embedded judge without training."""
+    MASCOT_JUDGE_MAX_TOKENS, MASCOT_JUDGE_STRUCTURED=0 for a server without structured outputs);
+    it evaluates beside the embedded judge without training."""
     import dagster as dg
 
     from mascot_dag.resources.judge import (
@@ -117,7 +119,10 @@ def judge_panel(name: str):
                 model=os.environ.get("MASCOT_JUDGE_MODEL", "Qwen/Qwen3-8B"),
                 api_key=key,
             ),
-            max_new_tokens=int(os.environ.get("MASCOT_JUDGE_MAX_TOKENS", "320")),
+            max_new_tokens=int(os.environ.get("MASCOT_JUDGE_MAX_TOKENS", "400")),
+            # structured outputs unless MASCOT_JUDGE_STRUCTURED=0 (a server without them)
+            structured_output=os.environ.get("MASCOT_JUDGE_STRUCTURED", "1").lower()
+            not in {"0", "false", "no", "off"},
         )
     if name == "paper":
         return JudgePanelResource(embedded=EmbeddedJudgeResource(), llm=llm,

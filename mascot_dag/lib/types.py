@@ -39,9 +39,13 @@ class ChatRequest:
     messages: tuple[Message, ...]
     sampling: SamplingParams = SamplingParams()
     adapter: str | None = None
+    # A JSON schema (as JSON text, so the request stays hashable) the reply must match: structured
+    # outputs, enforced by the backend (lib/llm/structured.py lists the supported subset).
+    json_schema: str | None = None
 
     def cache_key(self, model: str, adapter_version: str | None) -> str:
-        """Stable key: model, adapter version, messages, sampling parameters and seed."""
+        """Stable key: model, adapter version, messages, sampling parameters and seed, and the
+        schema when there is one (requests without a schema keep the keys they always had)."""
         payload = {
             "model": model,
             "adapter": self.adapter,
@@ -49,6 +53,8 @@ class ChatRequest:
             "messages": list(self.messages),
             "sampling": asdict(self.sampling),
         }
+        if self.json_schema is not None:
+            payload["json_schema"] = self.json_schema
         blob = json.dumps(payload, sort_keys=True, ensure_ascii=False)
         return hashlib.sha256(blob.encode("utf-8")).hexdigest()
 

@@ -45,7 +45,19 @@ class LLMJudgeResource(dg.ConfigurableResource):
     chat: dg.ResourceDependency[ChatModelResource]
     name: str = Field(default="llm", description="Judge name stored with every score.")
     max_retries: int = Field(default=1, description="Repair attempts after an invalid reply.")
-    max_new_tokens: int = Field(default=320, description="Token budget of one judge reply.")
+    max_new_tokens: int = Field(default=400, description="Token budget of one judge reply (5 "
+                                "criteria with 160-character rationales need ~300).")
+    structured_output: bool = Field(
+        default=True,
+        description="Send the reply's JSON schema as response_format (structured outputs), so "
+        "the server can only return valid JSON. Turn off for a server without structured "
+        "outputs (it would answer HTTP 400); replies are then parsed leniently and repaired.",
+    )
+    rationale_max_chars: int = Field(
+        default=160,
+        description="maxLength of each rationale in the structured reply's schema (a shorter "
+        "one makes replies shorter and judging faster).",
+    )
 
     _judge: Any = PrivateAttr(default=None)
     _lock: Any = PrivateAttr(default_factory=threading.Lock)
@@ -58,6 +70,8 @@ class LLMJudgeResource(dg.ConfigurableResource):
                     name=self.name,
                     max_retries=self.max_retries,
                     max_new_tokens=self.max_new_tokens,
+                    structured=self.structured_output,
+                    rationale_chars=self.rationale_max_chars,
                 )
             return self._judge
 

@@ -7,6 +7,10 @@ valid JSON of the demanded shape is parsed leniently only where that is safe (co
 around the object, trailing commas, Python-style quotes, numbers as strings); anything else is
 retried with a repair prompt that names the error, and what still fails is recorded as a failed
 Score with the raw output kept, never as a default score.
+
+Structured output (default): each request also carries the JSON schema of exactly the criteria it
+asks for, so a server with structured outputs (`mascot serve`, vLLM, OpenAI) can only return valid
+JSON; the parsing above still validates, for servers that ignore the schema.
 """
 
 from __future__ import annotations
@@ -165,23 +169,62 @@ def parse_scores(raw: str, criteria: list[str]) -> tuple[dict[str, tuple[int, st
     return ok, errors
 
 
+# ---- schemas (structured output) ---------------------------------------------------------------
+RATIONALE_CHARS = 160  # one sentence; with the keys, ~40-60 tokens per criterion
+
+
+def scores_schema(criteria: list[str], rationale_chars: int = RATIONALE_CHARS) -> dict:
+    """`{"scores": {c: {"score": 1-5, "rationale": "..."}}}` for exactly these criteria."""
+    entry = {
+        "type": "object",
+        "properties": {
+            "score": {"type": "integer", "minimum": 1, "maximum": 5},
+            "rationale": {"type": "string", "maxLength": rationale_chars},
+        },
+        "required": ["score", "rationale"],
+        "additionalProperties": False,
+    }
+    inner = {"type": "object", "properties": {c: entry for c in criteria},
+             "required": list(criteria), "additionalProperties": False}  # fmt: skip
+    return {"type": "object", "properties": {"scores": inner}, "required": ["scores"],
+            "additionalProperties": False}  # fmt: skip
+
+
+def best_schema(n_options: int) -> dict:
+    """`{"best": 1..n}`."""
+    best = {"type": "integer", "minimum": 1, "maximum": n_options}
+    return {"type": "object", "properties": {"best": best}, "required": ["best"],
+            "additionalProperties": False}  # fmt: skip
+
+
 # ---- the judge -------------------------------------------------------------------------------
 class LLMJudge:
-    """Rubric judge over any chat function (or an object with `.generate(requests)`)."""
+    """Rubric judge over any chat function (or an object with `.generate(requests)`).
+    `structured`: send the JSON schema of the demanded reply (structured outputs); turn it off
+    for a server that rejects `response_format`."""
 
     def __init__(
-        self, chat: ChatFn | Any, name: str = "llm", max_retries: int = 1, max_new_tokens: int = 320
+        self,
+        chat: ChatFn | Any,
+        name: str = "llm",
+        max_retries: int = 1,
+        max_new_tokens: int = 400,
+        structured: bool = True,
+        rationale_chars: int = RATIONALE_CHARS,
     ):
         self._chat: ChatFn = chat.generate if hasattr(chat, "generate") else chat
         self.name = name
         self.max_retries = max_retries
+        self.structured = structured
+        self.rationale_chars = rationale_chars
         # temperature 0: judging is greedy, so the same prompt gets the same verdict
         self.sampling = SamplingParams(
             max_new_tokens=max_new_tokens, temperature=0.0, top_p=1.0, seed=0
         )
 
-    def _request(self, messages: list[dict]) -> ChatRequest:
-        return ChatRequest(messages=tuple(messages), sampling=self.sampling)
+    def _request(self, messages: list[dict], schema: dict | None = None) -> ChatRequest:
+        text = json.dumps(schema) if self.structured and schema is not None else None
+        return ChatRequest(messages=tuple(messages), sampling=self.sampling, json_schema=text)
 
     def score_responses(self, items: list[ResponseItem]) -> list[list[Score]]:
         prompts = []
@@ -230,7 +273,11 @@ class LLMJudge:
         for _attempt in range(1 + self.max_retries):
             if not pending:
                 break
-            outs = self._chat([self._request(convo[i]) for i in pending])
+            outs = self._chat([
+                self._request(convo[i], scores_schema(
+                    [c for c in criteria if c not in got[i]], self.rationale_chars))
+                for i in pending
+            ])  # fmt: skip
             for i, out in zip(pending, outs, strict=True):
                 raws[i].append(out.text)
                 missing = [c for c in criteria if c not in got[i]]
@@ -280,7 +327,7 @@ class LLMJudge:
         base = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}]
         convo = list(base)
         for _attempt in range(1 + self.max_retries):
-            raw = self._chat([self._request(convo)])[0].text
+            raw = self._chat([self._request(convo, best_schema(len(options)))])[0].text
             obj, err = extract_json(raw)
             best = obj.get("best") if isinstance(obj, dict) else None
             n = _as_int(best)

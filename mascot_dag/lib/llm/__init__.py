@@ -41,6 +41,15 @@ def validate_requests(requests: list[ChatRequest], known_adapters: set[str] | No
                 raise ValueError(
                     f"request {i}, message {j} needs 'role' and 'content' keys, got {sorted(msg)}"
                 )
+        if req.json_schema is not None:
+            from mascot_dag.lib.llm.structured import compile_schema
+
+            if not isinstance(req.json_schema, str):
+                raise TypeError(f"request {i}: json_schema must be JSON text (json.dumps(schema))")
+            try:
+                compile_schema(req.json_schema)
+            except ValueError as exc:
+                raise ValueError(f"request {i}: unsupported json_schema: {exc}") from exc
         if known_adapters is not None and req.adapter is not None:
             if req.adapter not in known_adapters:
                 raise ValueError(

@@ -1,9 +1,10 @@
 """A DuckDB-backed generation cache in front of any chat backend.
 
 Key: `ChatRequest.cache_key(model, adapter_version)` = model, adapter name and version, messages
-and sampling parameters (seed included). A sampled text is therefore cached per seed: re-running a
-stage with the same seeds reuses every text, while a new seed or a retrained adapter (new version)
-misses and generates. Misses go to the backend in ONE call so it can batch them.
+and sampling parameters (seed included), plus the JSON schema of a structured request.
+A sampled text is therefore cached per seed: re-running a stage with the same seeds reuses every
+text, while a new seed or a retrained adapter (new version) misses and generates. Misses go to the
+backend in ONE call so it can batch them.
 """
 
 from __future__ import annotations
@@ -92,7 +93,8 @@ class CachedChat:
                 ],
                 "request": [
                     json.dumps(
-                        {"messages": list(r.messages), "sampling": asdict(r.sampling)},
+                        {"messages": list(r.messages), "sampling": asdict(r.sampling)}
+                        | ({"json_schema": r.json_schema} if r.json_schema else {}),
                         ensure_ascii=False,
                     )
                     for r in reqs

@@ -8,6 +8,7 @@ other 4xx is a mistake in the request and fails at once with the status and the 
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -67,6 +68,14 @@ class OpenAIChat:
             "top_p": s.top_p,
             "seed": s.seed,
         }
+        if req.json_schema is not None:
+            # OpenAI's structured outputs, as vLLM, mascot serve and hosted APIs accept them.
+            body["response_format"] = {
+                "type": "json_schema",
+                "json_schema": {
+                    "name": "response", "schema": json.loads(req.json_schema), "strict": True
+                },
+            }  # fmt: skip
         if req.adapter is not None:
             if self.adapter_as_model:
                 body["model"] = req.adapter

@@ -101,7 +101,50 @@ def parse_chat_body(body: Any, max_tokens_limit: int = MAX_TOKENS_LIMIT) -> Chat
     adapter = body.get("adapter")
     if adapter is not None and not isinstance(adapter, str):
         raise RequestError("'adapter' must be a string naming a loaded adapter", "adapter")
-    return ChatRequest(messages=msgs, sampling=sampling, adapter=adapter or None)
+    return ChatRequest(messages=msgs, sampling=sampling, adapter=adapter or None,
+                       json_schema=parse_response_format(body))  # fmt: skip
+
+
+def parse_response_format(body: dict) -> str | None:
+    """OpenAI's `response_format`: the schema (as JSON text) of a `json_schema` format, None for
+    `text` or none; `json_object` and schemas outside structured.py's subset are refused."""
+    fmt = body.get("response_format")
+    if fmt is None:
+        return None
+    param = "response_format"
+    if not isinstance(fmt, dict) or not isinstance(fmt.get("type"), str):
+        raise RequestError("'response_format' must be an object with a string 'type'", param)
+    kind = fmt["type"]
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        raise RequestError(
+            "response_format type 'json_object' is not supported by this server: it enforces a "
+            "JSON schema, not free-form JSON; send {\"type\": \"json_schema\", \"json_schema\": "
+            "{\"name\": ..., \"schema\": {...}}}", f"{param}.type",
+        )  # fmt: skip
+    if kind != "json_schema":
+        raise RequestError(
+            f"response_format type {json.dumps(kind)[:40]} is not supported; use 'text' or "
+            "'json_schema'", f"{param}.type",
+        )  # fmt: skip
+    spec = fmt.get("json_schema")
+    if not isinstance(spec, dict) or not isinstance(spec.get("schema"), dict):
+        raise RequestError(
+            "response_format.json_schema must be an object with a 'schema' object",
+            f"{param}.json_schema",
+        )
+    from mascot_dag.lib.llm.structured import compile_schema
+
+    try:
+        compile_schema(spec["schema"])
+    except ValueError as exc:
+        raise RequestError(
+            f"unsupported response_format.json_schema.schema: {exc} (this server supports "
+            "objects with required, ordered properties; integers with enum or minimum/maximum; "
+            "strings with maxLength or enum; booleans)", f"{param}.json_schema.schema",
+        ) from exc  # fmt: skip
+    return json.dumps(spec["schema"], ensure_ascii=False)
 
 
 def parse_stops(body: dict) -> list[str]:

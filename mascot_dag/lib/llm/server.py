@@ -17,6 +17,9 @@ temperature, top_p, seed, stop, n=1 only, stream, stream_options.include_usage),
   then `data: [DONE]`. The backend returns whole texts, so tokens are NOT streamed from the model
   yet: the finished text is cut into word pieces, sent as chunks once generation has ended.
 - `stop` strings are applied to the finished text (usage still counts every generated token).
+- Structured outputs: `response_format` `{"type": "json_schema", "json_schema": {"schema": ...}}`
+  is enforced by constrained decoding (structured.py's schema subset); `{"type": "text"}` is the
+  default; `json_object` and unsupported schemas are a 400 naming what is unsupported.
 
 Request parsing and validation live in openai_protocol.py, batching in batcher.py.
 
@@ -31,6 +34,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import json
 import os
 import socket
@@ -185,7 +189,7 @@ def create_app(
                     f"'model' names adapter '{model}' but 'adapter' names '{req.adapter}'",
                     "adapter",
                 )
-            return ChatRequest(req.messages, req.sampling, model), model
+            return dataclasses.replace(req, adapter=model), model
         raise RequestError(
             f"the model '{model}' does not exist on this server; served: {known}",
             "model", 404, "invalid_request_error", "model_not_found",

@@ -14,6 +14,10 @@ with 1), but two calls with one thread each in two Python threads finish togethe
 time of one. So a group is cut into `workers` chunks run side by side, each with one torch
 thread; training code in the same process keeps its threads (restored after each call).
 
+Structured outputs: a request with `json_schema` gets a constraint processor (structured.py)
+ahead of the sampler, so its reply always parses and matches the schema (unless max_new_tokens
+cuts it, which completion_tokens == max_new_tokens then says).
+
 Sampling is seeded PER REQUEST: a logits processor draws each row's token with its own
 `torch.Generator` (temperature, then top-p; no top-k, as in the OpenAI API). Texts therefore do
 not depend on which batch or thread a request landed in, and parallel threads never share a
@@ -176,7 +180,8 @@ class TransformersChat:
         groups: dict[tuple, list[int]] = defaultdict(list)
         for i, r in enumerate(requests):
             s = r.sampling
-            groups[(s.max_new_tokens, s.temperature, s.top_p)].append(i)
+            # One schema per group: a batch shares its constraint processor's template.
+            groups[(s.max_new_tokens, s.temperature, s.top_p, r.json_schema)].append(i)
         chunks = []
         for idxs in groups.values():
             # Similar lengths together: less padding, so less wasted compute per batch.
@@ -217,6 +222,13 @@ class TransformersChat:
             eos_token_id=sorted(self._stop_ids),
         )
         processors = LogitsProcessorList()
+        if any(r.json_schema for r in reqs):
+            from mascot_dag.lib.llm.structured import SchemaProcessor, compile_schema
+
+            # Before the sampler: disallowed tokens are -inf, so greedy and seeded sampling
+            # both pick among the tokens that keep the reply schema-valid.
+            templates = [compile_schema(r.json_schema) if r.json_schema else None for r in reqs]
+            processors.append(SchemaProcessor(self.tokenizer, templates, self._stop_ids))
         if s.temperature > 0:
             processors.append(
                 _SeededSampler(s.temperature, s.top_p, [r.sampling.seed for r in reqs])

@@ -3,7 +3,8 @@
 Follows vLLM's documented LoRA usage: `LLM(model, enable_lora=True, max_lora_rank=...)`, then
 `llm.chat(conversations, sampling_params, lora_request=LoRARequest(name, int_id, path))`. vLLM
 batches internally (continuous batching), so each adapter's requests go in one `chat` call with
-one `SamplingParams` per request (per-request seeds keep samples reproducible).
+one `SamplingParams` per request (per-request seeds keep samples reproducible). A request's
+`json_schema` becomes vLLM's structured outputs (xgrammar/guidance enforce it).
 """
 
 from __future__ import annotations
@@ -25,6 +26,29 @@ def vllm_available() -> bool:
     except ImportError:
         return False
     return torch.cuda.is_available()
+
+
+def structured_kwargs(json_schema: str | None) -> dict[str, Any]:
+    """SamplingParams keywords that make vLLM enforce a JSON schema: `structured_outputs=
+    StructuredOutputsParams(json=...)` (vLLM >= 0.10.2; the only way since 0.12), or the older
+    `guided_decoding=GuidedDecodingParams(json=...)`. Empty without a schema."""
+    if json_schema is None:
+        return {}
+    import json
+
+    schema = json.loads(json_schema)
+    try:
+        from vllm.sampling_params import StructuredOutputsParams
+    except ImportError:
+        try:
+            from vllm.sampling_params import GuidedDecodingParams
+        except ImportError as exc:
+            raise ChatBackendError(
+                "this vLLM has neither StructuredOutputsParams nor GuidedDecodingParams: "
+                "upgrade vllm to use json_schema requests"
+            ) from exc
+        return {"guided_decoding": GuidedDecodingParams(json=schema)}
+    return {"structured_outputs": StructuredOutputsParams(json=schema)}
 
 
 class VLLMChat:
@@ -100,6 +124,7 @@ class VLLMChat:
                     temperature=requests[i].sampling.temperature,  # 0 = greedy in vLLM too
                     top_p=requests[i].sampling.top_p,
                     seed=requests[i].sampling.seed,
+                    **structured_kwargs(requests[i].json_schema),
                 )
                 for i in idxs
             ]
