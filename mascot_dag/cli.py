@@ -9,7 +9,8 @@ from pathlib import Path
 
 import typer
 
-app = typer.Typer(help="MASCOT-DAG: multi-agent socio-collaborative companions.", no_args_is_help=True)
+app = typer.Typer(help="MASCOT-DAG: multi-agent socio-collaborative companions.",
+                  no_args_is_help=True)
 
 
 @app.command()
@@ -23,7 +24,8 @@ def init() -> None:
 
 @app.command()
 def demo(
-    profile: str = typer.Option(None, help="embedded (default) | study | paper | tiny; or $MASCOT_PROFILE"),
+    profile: str = typer.Option(
+        None, help="embedded (default) | study | paper | tiny; or $MASCOT_PROFILE"),
     missing_only: bool = typer.Option(
         False, "--missing-only",
         help="Only asset partitions that are missing, failed or older than an upstream."),
@@ -70,7 +72,8 @@ def demo(
 
 @app.command()
 def serve(
-    model: str = typer.Option("embedded:smollm2-135m-instruct", help="Base model: embedded, HF id or path."),
+    model: str = typer.Option("embedded:smollm2-135m-instruct",
+                              help="Base model: embedded, HF id or path."),
     adapter: list[str] = typer.Option(
         [], help="[NAME=]PEFT adapter folder or models:/<name>@<alias> URI (repeatable)."
     ),
@@ -126,7 +129,8 @@ def query(
 
 @app.command()
 def chat(
-    turns: int = typer.Option(0, help="Stop after this many of your messages (0 = until EOF/quit)."),
+    turns: int = typer.Option(
+        0, help="Stop after this many of your messages (0 = until EOF/quit)."),
     max_new_tokens: int = typer.Option(48, help="Tokens per agent reply."),
     agents_per_round: int = typer.Option(2, help="Agents answering each of your messages."),
     web: bool = typer.Option(False, "--web", help="Serve a chat page on 127.0.0.1 instead."),
@@ -194,7 +198,8 @@ def report() -> None:
     text = latest.read_text(encoding="utf-8")
     typer.echo(str(latest))
     for line in text.splitlines():
-        if line.lower().startswith(("**overall", "- overall", "| mascot", "champion", "**champion")):
+        heads = ("**overall", "- overall", "| mascot", "champion", "**champion")
+        if line.lower().startswith(heads):
             typer.echo(line)
 
 

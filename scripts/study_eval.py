@@ -1,8 +1,9 @@
 """Paired evaluation on a finished Stage 1: methods on the same held-out contexts.
 
 Runs the named evaluation methods on N held-out contexts per mode (support: EmpatheticDialogues,
-meeting: QMSum; `--modes`) with T agent turns, using the persona adapters registered in MASCOT_HOME's MLflow store (the latest
-versions; the director is the trained one if registered, else the base model), scores them with
+meeting: QMSum; `--modes`) with T agent turns, using the persona adapters registered in
+MASCOT_HOME's MLflow store (the latest versions; the director is the trained one if registered,
+else the base model), scores them with
 the `eval_scores` asset after each method (so a run stopped early keeps what finished), and
 prints every criterion's paired difference to MASCOT (cluster bootstrap by context, n,
 significance mark). Every method sees the same contexts, simulated users and seeds. `--report`

@@ -25,7 +25,8 @@ def _materialize(home: Path, run_config=None, raise_on_error=True):
     checks = dg.load_asset_checks_from_modules([contexts_mod, personas_mod])
     return dg.materialize(
         [*assets, *checks],
-        resources={"store": DuckDBStore(path=str(home / "mascot.duckdb")), "settings": LineageSettings()},
+        resources={"store": DuckDBStore(path=str(home / "mascot.duckdb")),
+                   "settings": LineageSettings()},
         run_config=run_config,
         raise_on_error=raise_on_error,
     )
@@ -44,9 +45,11 @@ def test_demo_contexts_and_personas_idempotent(home):
     assert result.success
     checks = result.get_asset_check_evaluations()
     assert checks and all(c.passed for c in checks), [(c.check_name, c.passed) for c in checks]
-    n1 = _count(home, "SELECT count(*), count(DISTINCT source), count(DISTINCT split) FROM contexts")[0]
+    n1 = _count(home, "SELECT count(*), count(DISTINCT source), count(DISTINCT split) "
+                      "FROM contexts")[0]
     assert n1[0] > 80 and n1[1] == 2 and n1[2] == 2
-    valences = {r[0] for r in _count(home, "SELECT DISTINCT valence FROM contexts WHERE valence IS NOT NULL")}
+    valences = {r[0] for r in _count(
+        home, "SELECT DISTINCT valence FROM contexts WHERE valence IS NOT NULL")}
     assert valences == {"positive", "negative", "neutral"}
     assert _count(home, "SELECT count(*) FROM personas")[0][0] == 8
     assert _count(home, "SELECT count(DISTINCT style) FROM persona_prompts")[0][0] >= 2
@@ -103,7 +106,8 @@ def test_cli_materialize_several_duckdb_writers_in_one_run(home, shared_data):
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = dict(_count(home, "SELECT source, count(*) FROM contexts GROUP BY source"))
     assert rows["empatheticdialogues"] == 2770
-    meetings = _count(home, "SELECT count(DISTINCT meeting_id) FROM contexts WHERE source = 'qmsum'")
+    meetings = _count(
+        home, "SELECT count(DISTINCT meeting_id) FROM contexts WHERE source = 'qmsum'")
     assert meetings[0][0] == 35
     assert _count(home, "SELECT count(*) FROM personas")[0][0] == 8
 

@@ -77,7 +77,8 @@ def test_stage1_prompt_is_the_dialogue_agent_request():
     cards = personas_of_set(load_personas(), "support")
     anchor = cards[0]
     opening = opening_agent_messages(anchor, CONTEXT, cards, "zero_shot")
-    served = agent_messages(anchor, CONTEXT, [{"speaker": "user", "text": "I feel like giving up."}],
+    served = agent_messages(anchor, CONTEXT,
+                            [{"speaker": "user", "text": "I feel like giving up."}],
                             cards, "zero_shot")
     assert opening == list(served)
     assert opening[1]["content"].endswith(f"Write your next turn as {anchor.name}.")

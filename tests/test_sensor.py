@@ -1,4 +1,5 @@
-"""The inbox sensor on a temporary inbox: a good file starts a run, a malformed one is moved aside."""
+"""The inbox sensor on a temporary inbox: a good file starts a run, a malformed one is moved
+aside."""
 
 from __future__ import annotations
 

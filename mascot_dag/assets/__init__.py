@@ -1,1 +1,3 @@
-"""Software-defined assets, one module per lineage stage. Thin: the logic lives in mascot_dag.lib."""
+"""Software-defined assets, one module per lineage stage.
+
+Thin: the logic lives in mascot_dag.lib."""

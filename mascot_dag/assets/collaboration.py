@@ -44,7 +44,8 @@ def pick_contexts(store: DuckDBStore, split: str, per_mode: int, required: bool 
     for source in ("empatheticdialogues", "qmsum"):
         limit = f"LIMIT {int(per_mode)}" if per_mode else ""
         rows = store.frame(
-            f"SELECT * FROM contexts WHERE split = ? AND source = ? ORDER BY md5(context_id) {limit}",
+            "SELECT * FROM contexts WHERE split = ? AND source = ? "
+            f"ORDER BY md5(context_id) {limit}",
             [split, source],
         ).to_dicts()
         out += [context_from_row(r) for r in rows]

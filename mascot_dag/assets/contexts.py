@@ -24,15 +24,18 @@ DEMO_QMSUM = DEMO_DIR / "qmsum"
 class ContextsConfig(dg.Config):
     ed_path: str = Field(
         default="",
-        description="EmpatheticDialogues CSV file or folder; empty: $MASCOT_ED_PATH, else the demo data.",
+        description="EmpatheticDialogues CSV file or folder; empty: $MASCOT_ED_PATH, else the "
+        "demo data.",
     )
     qmsum_path: str = Field(
         default="",
-        description="QMSum folder (<Domain>/*.jsonl) or one JSONL; empty: $MASCOT_QMSUM_PATH, else demo.",
+        description="QMSum folder (<Domain>/*.jsonl) or one JSONL; empty: $MASCOT_QMSUM_PATH, "
+        "else demo.",
     )
     qmsum_max_chars: int = Field(default=4000, description="Cap on a topic's transcript excerpt.")
     skip_bad_rows: bool = Field(
-        default=False, description="Skip malformed rows/lines (counted in metadata) instead of failing."
+        default=False,
+        description="Skip malformed rows/lines (counted in metadata) instead of failing.",
     )
 
 def resolve_sources(config: ContextsConfig) -> tuple[Path, Path]:

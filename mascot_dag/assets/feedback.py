@@ -106,7 +106,8 @@ def candidate_responses(
     results = cached.generate(requests)
     df = pl.DataFrame(
         [
-            {"candidate_id": candidate_id(cid, persona, k), "context_id": cid, "persona_id": persona,
+            {"candidate_id": candidate_id(cid, persona, k), "context_id": cid,
+             "persona_id": persona,
              "sample_idx": k, "prompt_style": settings.candidate_prompt_style,
              "model": f"{chat.model_name}+{adapter}" if adapter else chat.model_name,
              "text": r.text, "completion_tokens": r.completion_tokens, "seed": seed}
@@ -206,7 +207,8 @@ def persona_preference_pairs(
     store.replace("preference_pairs", pairs, "persona_id = ?", [persona])
     margins = {k: round(v, 3) for k, v in describe(pairs["margin"].to_list()).items()}
     if pairs.is_empty():
-        context.log.warning(f"{persona}: no candidate pair differs by >= {settings.preference_delta}")
+        context.log.warning(
+            f"{persona}: no candidate pair differs by >= {settings.preference_delta}")
     return dg.MaterializeResult(
         metadata=table_metadata(
             pairs.select("pair_id", "chosen_id", "rejected_id", "margin"),

@@ -61,7 +61,8 @@ def attach_policy_sft(chat: ChatModelResource, tracking: MLflowResource, needed_
 
 
 def attach_personas(
-    chat: ChatModelResource, tracking: MLflowResource, persona_ids: list[str], alias: str | None = None
+    chat: ChatModelResource, tracking: MLflowResource, persona_ids: list[str],
+    alias: str | None = None,
 ) -> tuple[dict[str, str | None], dict[str, str]]:
     """Adapters of every persona that has one: ({persona: adapter name}, {persona: version})."""
     names, versions = {}, {}

@@ -21,7 +21,8 @@ class DuckDBStore(dg.ConfigurableResource):
 
     path: str = Field(
         default="",
-        description="DuckDB file; empty means MASCOT_HOME/mascot.duckdb (MASCOT_HOME defaults to ./.mascot).",
+        description="DuckDB file; empty means MASCOT_HOME/mascot.duckdb (MASCOT_HOME defaults "
+        "to ./.mascot).",
     )
 
     @property
