@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -76,3 +77,60 @@ def browser():
         yield driver
     finally:
         driver.quit()
+
+
+def stop_group(proc, timeout_s: float = 20.0) -> None:
+    """Stop a process started with start_new_session=True by its own pid (= its group id):
+    SIGTERM, then SIGKILL after `timeout_s`. Never by name."""
+    import signal
+    import subprocess
+
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+@contextlib.contextmanager
+def mascot_serve(*args: str, env: dict | None = None, timeout_s: float = 180.0):
+    """`mascot serve ARGS` on a free loopback port, in its own process group; yields its base
+    URL (http://127.0.0.1:PORT) once /health answers, and stops it by its pid afterwards."""
+    import queue
+    import subprocess
+    import sys
+    import threading
+    import time
+    import urllib.request
+
+    port = free_port()
+    cmd = [str(Path(sys.executable).with_name("mascot")), "serve", *args,
+           "--host", "127.0.0.1", "--port", str(port)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, **(env or {})}, start_new_session=True)
+    lines: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(x) for x in proc.stdout], daemon=True).start()
+    url, seen = f"http://127.0.0.1:{port}", []
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            while not lines.empty():
+                seen.append(lines.get())
+            if proc.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"mascot serve did not answer /health (exit code {proc.poll()}):\n"
+                            f"{''.join(seen)[-3000:]}")
+            try:
+                with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                time.sleep(0.3)
+        time.sleep(0.2)
+        while not lines.empty():
+            seen.append(lines.get())
+        assert any(f"serving on {url}" in x for x in seen), "".join(seen)[-2000:]
+        yield url
+    finally:
+        stop_group(proc)

@@ -6,10 +6,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
-import signal
-import subprocess
-import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -17,7 +13,7 @@ from pathlib import Path
 import pandas as pd
 import polars as pl
 import pytest
-from conftest import free_port
+from conftest import mascot_serve
 
 from mascot_dag.lib.judges.agreement import agreement, agreement_markdown
 from mascot_dag.lib.judges.embedded import EmbeddedJudge
@@ -110,35 +106,10 @@ METHODS = ("mascot", "zero_shot", "few_shot")
 @pytest.fixture
 def served_model():
     """`mascot serve` on a free loopback port (the real tiny embedded model)."""
-    port = free_port()
-    log = open(os.devnull, "w")  # noqa: SIM115 - closed below
-    proc = subprocess.Popen(
-        [str(Path(sys.executable).parent / "mascot"), "serve", "--port", str(port)],
-        stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env={**os.environ})
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 180
-        while True:
-            try:
-                with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"mascot serve did not answer /health (exit code {proc.poll()})")
-            time.sleep(0.5)
+    with mascot_serve() as url:
         with urllib.request.urlopen(f"{url}/v1/models", timeout=10) as r:
             model = json.load(r)["data"][0]["id"]  # the server checks the model name
         yield f"{url}/v1", model
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        log.close()
 
 
 def _prepare_store(home: Path, agent_turns: int = 2):

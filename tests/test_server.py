@@ -5,11 +5,6 @@ errors, 20 concurrent requests, and the project's own HTTP backend against it.""
 from __future__ import annotations
 
 import json
-import os
-import queue
-import signal
-import subprocess
-import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -18,13 +13,12 @@ from pathlib import Path
 import openai
 import pytest
 import requests as http
-from conftest import free_port
+from conftest import free_port, mascot_serve
 
 from mascot_dag.lib.llm.http_backend import OpenAIChat
 from mascot_dag.lib.types import ChatRequest, SamplingParams
 
 pytestmark = pytest.mark.slow
-MASCOT = Path(sys.executable).with_name("mascot")  # the console script of this venv
 BASE = "smollm2"  # --served-model-name
 MSGS = [
     {"role": "system", "content": "You are a kind companion."},
@@ -59,40 +53,11 @@ def lora_uri(base_model_path, tmp_path_factory) -> tuple[str, Path]:
 
 @pytest.fixture(scope="module")
 def url(base_model_path, lora_uri):
-    """`mascot serve` in its own process group on a free loopback port; stopped by its pid."""
+    """`mascot serve` with the base model and a registered LoRA, on a free loopback port."""
     uri, home = lora_uri
-    port = free_port()
-    cmd = [str(MASCOT), "serve", "--model", base_model_path, "--served-model-name", BASE,
-           "--adapter", uri, "--host", "127.0.0.1", "--port", str(port)]  # fmt: skip
-    env = {**os.environ, "MASCOT_HOME": str(home)}
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=env, start_new_session=True)  # fmt: skip
-    lines: queue.Queue[str] = queue.Queue()
-    threading.Thread(target=lambda: [lines.put(x) for x in proc.stdout], daemon=True).start()
-    base_url, seen = f"http://127.0.0.1:{port}", []
-    try:
-        deadline = time.monotonic() + 180
-        while time.monotonic() < deadline and proc.poll() is None:
-            try:
-                seen.append(lines.get(timeout=0.5))
-            except queue.Empty:
-                pass
-            try:
-                if http.get(f"{base_url}/health", timeout=2).status_code == 200:
-                    break
-            except http.ConnectionError:
-                continue
-        else:
-            pytest.fail(f"mascot serve did not start: {''.join(seen)[-3000:]}")
-        assert any(f"serving on {base_url}" in x for x in seen)
+    with mascot_serve("--model", base_model_path, "--served-model-name", BASE, "--adapter", uri,
+                      env={"MASCOT_HOME": str(home)}) as base_url:
         yield base_url
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)  # its own session: the pid is the group id
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
 
 
 @pytest.fixture(scope="module")

@@ -6,17 +6,11 @@ from __future__ import annotations
 
 import json
 import os
-import queue
-import signal
-import subprocess
-import sys
-import threading
 import time
-from pathlib import Path
 
 import openai
 import pytest
-import requests as http
+from conftest import mascot_serve
 
 from mascot_dag.lib.judges.llm_judge import best_schema, scores_schema
 from mascot_dag.lib.llm import validate_requests
@@ -205,38 +199,9 @@ def test_tiny_model_writes_schema_valid_json(base_model_path):
 
 @pytest.fixture(scope="module")
 def served(base_model_path):
-    """`mascot serve` in its own process group on a free loopback port; stopped by its pid."""
-    mascot = Path(sys.executable).with_name("mascot")
-    cmd = [str(mascot), "serve", "--model", base_model_path, "--served-model-name", "smollm2",
-           "--host", "127.0.0.1", "--port", "0"]  # fmt: skip
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)  # fmt: skip
-    lines: queue.Queue[str] = queue.Queue()
-    threading.Thread(target=lambda: [lines.put(x) for x in proc.stdout], daemon=True).start()
-    try:
-        url, seen, deadline = None, [], time.monotonic() + 180
-        while url is None and time.monotonic() < deadline and proc.poll() is None:
-            try:
-                seen.append(lines.get(timeout=0.5))
-            except queue.Empty:
-                continue
-            if seen[-1].startswith("serving on "):
-                url = seen[-1].split()[-1]
-        assert url, f"mascot serve did not start: {''.join(seen)[-2000:]}"
-        while True:
-            try:
-                if http.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except http.ConnectionError:
-                time.sleep(0.3)
+    """`mascot serve` on a free loopback port, the tiny model named "smollm2"."""
+    with mascot_serve("--model", base_model_path, "--served-model-name", "smollm2") as url:
         yield url
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
 
 
 @pytest.mark.slow
