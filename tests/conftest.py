@@ -85,13 +85,15 @@ def stop_group(proc, timeout_s: float = 20.0) -> None:
     import signal
     import subprocess
 
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
     try:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+        proc.wait(timeout=10)
+    except ProcessLookupError:  # the group is already gone
+        pass
 
 
 @contextlib.contextmanager

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -23,7 +22,7 @@ import numpy as np
 import pandas as pd
 import polars as pl
 import pytest
-from conftest import free_port
+from conftest import free_port, stop_group
 
 from mascot_dag.lib import db
 from mascot_dag.lib import human as H
@@ -298,12 +297,7 @@ def server(tmp_path_factory):
                 time.sleep(0.3)
         yield base, home / "mascot.duckdb"
     finally:  # stopped by its own process group (start_new_session), never by name
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
+        stop_group(proc)
 
 
 def _post(base: str, form: dict | str, ctype: str = "application/x-www-form-urlencoded"):

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -21,6 +20,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from conftest import stop_group
 
 from mascot_dag.definitions import all_assets
 
@@ -57,16 +57,7 @@ ASSET_NODES = "{ assetNodes { assetKey { path } groupName } }"
 
 def _stop(proc: subprocess.Popen, timeout_s: float = 30.0) -> None:
     """TERM the server's process group (its pid, since setsid), KILL it if it does not exit."""
-    if proc.poll() is not None:
-        return
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=10)
-    except ProcessLookupError:
-        pass
+    stop_group(proc, timeout_s)
 
 
 def _wait_ready(base: str, proc: subprocess.Popen, log: Path) -> list[dict]:

@@ -9,7 +9,6 @@ place of the model, so that what the director "said" is known and the assertions
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -18,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import requests
-from conftest import free_port
+from conftest import free_port, stop_group
 
 from mascot_dag.lib.chat import (
     BASE_LABEL,
@@ -239,13 +238,7 @@ START_TIMEOUT_S = 150  # imports + MLflow migrations + model load, on 2 shared c
 
 
 def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)  # its own group (start_new_session), never by name
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
+    stop_group(proc)  # its own group (start_new_session), never by name
 
 
 @pytest.mark.slow
