@@ -4,10 +4,13 @@
   MLflow in MASCOT_HOME; sizes that finish the whole lineage in minutes on 2 cores.
 - paper: Hugging Face models (Qwen3 class) with vLLM on a GPU, an LLM judge behind an
   OpenAI-compatible endpoint next to the embedded judge, paper-scale sizes.
-- study: the embedded models at the sizes that measure Stage 1 with power on a real dataset
-  (MASCOT_ED_PATH, e.g. EmpatheticDialogues valid.csv): >= 32 held-out contexts x every persona x
-  2 seeds in the persona probe, a reward model held out by context, blocking checks; ~1 h on
-  2 cores.
+- study: the embedded models at the sizes that MEASURE with power on the real datasets
+  (MASCOT_ED_PATH, e.g. EmpatheticDialogues valid.csv; MASCOT_QMSUM_PATH): Stage 1 with a persona
+  probe of 32 held-out contexts x every persona x 2 seeds, a reward model held out by context,
+  blocking checks (~1 h on 2 cores); the evaluation on 32 held-out contexts per mode x 6 agent
+  turns for every method (paired by context), plus as many out-of-domain contexts: ~40 min per
+  adapter method and ~10-15 min per prompting baseline per 64 dialogues on 2 CPU cores, so
+  several hours there (scripts/study_eval.py runs a chosen subset); minutes on a GPU.
 - tiny: what the tests use: the embedded models with the smallest sizes that still exercise
   every code path.
 Pick one with MASCOT_PROFILE (or `mascot demo --profile`).
@@ -43,13 +46,16 @@ def settings_for(name: str):
         # Sized to SHOW the Stage 1 effect with power within ~1 h on 2 cores: 40 train contexts
         # x K=4 x 4 personas, a reward model held out by context (10 contexts), 20 GRPO steps
         # per persona, a probe on 32 held-out contexts x 4 personas x 2 seeds = 256 paired
-        # units. No warm start: measured to lower identifiability (docs/DESIGN.md). Stage 2 and
-        # the evaluation stay small here: the Stage 1 probe is what this profile measures.
+        # units. No warm start: measured to lower identifiability (docs/DESIGN.md). Stage 2
+        # stays small; the evaluation has the powered design (32 contexts per mode x 6
+        # agent turns, every method on the same contexts, users and seeds), which costs ~3 h on
+        # 2 CPU cores (measured: MASCOT's 64 dialogues 42 min with the CPU shared).
         return LineageSettings(
             max_train_contexts=40, k_candidates=4, policy_sft_steps=16, reward_steps=60,
             warm_start_steps=0, grpo_steps=20, probe_contexts=32, probe_seeds=2,
             reward_blocking=True, probe_blocking=True,
-            rollout_dialogues=1, agent_turns=4, agents_per_round=2, eval_contexts=2,
+            # the evaluation design: >= 32 held-out contexts per mode, >= 6 agent turns
+            rollout_dialogues=1, agent_turns=6, agents_per_round=2, eval_contexts=32,
             director_reward_horizon=4, director_compare_contexts=4,
             # OOD condition (docs/DESIGN.md): ED "neutral" (the smallest valence group, ~15% of
             # ED) and QMSum "committee" (parliamentary committees, the register farthest from the
