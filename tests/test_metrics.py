@@ -136,6 +136,11 @@ def test_identifiability_identical_texts_is_chance():
     # every test turn is the same text -> one predicted persona -> 1 of 4 speakers right
     turns = [agent(p, "i hear you and that sounds hard") for p in VOCAB]
     assert ident.accuracy(turns) == pytest.approx(0.25)
+    # a roster it never saw (the meeting roster, one "assistant" voice): not measurable, not 0
+    assert ident.accuracy([agent("facilitator", "let us recap"), agent("assistant", "ok")]) is None
+    # a known roster with one unknown speaker: that turn is a miss
+    assert ident.accuracy([agent("anchor", "i hear you and that sounds hard"),
+                           agent("assistant", "i hear you and that sounds hard")]) <= 0.5
     with pytest.raises(ValueError, match=">= 2 personas"):
         PersonaIdentifier(["a", "b"], ["anchor", "anchor"])
 
@@ -153,7 +158,11 @@ def test_registry_directions_and_compute_metrics():
     assert bare["redundancy_lexical"] == pytest.approx(4 / 7)
     full = compute_metrics(d, embed=letters, identifier=PersonaIdentifier(*_utterances(0)))
     assert full["cross_agent_similarity"] is not None
-    assert 0.0 <= full["persona_identifiability"] <= 1.0
+    assert full["persona_identifiability"] is None  # speakers "a", "b": a roster it never saw
+    p, q = list(VOCAB)[:2]
+    known = [user("I lost my job"), agent(p, "i lost my job"), agent(q, "Sorry about your job")]
+    ident = compute_metrics(known, identifier=PersonaIdentifier(*_utterances(0)))
+    assert 0.0 <= ident["persona_identifiability"] <= 1.0
     with pytest.raises(ValueError, match="turn 1"):
         compute_metrics([user("x"), {"speaker": "a", "role": "bot", "text": "y"}])
 

@@ -210,10 +210,13 @@ class PersonaIdentifier:
         return [str(s) for s in self.model.predict(texts)] if texts else []
 
     def accuracy(self, turns: list[Turn]) -> float | None:
-        """Fraction of agent turns whose speaker is recovered. None without agent turns; speakers
-        the identifier never saw count as misses (they cannot be recovered)."""
+        """Fraction of agent turns whose speaker is recovered. None without agent turns, and None
+        when no speaker of the dialogue is one the identifier was trained on (another roster,
+        e.g. the meeting roster, or a single "assistant" voice): not measurable there, rather
+        than a 0 that every method would share. In a dialogue with known speakers, an unknown
+        one counts as a miss (it cannot be recovered)."""
         ats = agent_turns(turns)
-        if not ats:
+        if not ats or not {t["speaker"] for t in ats} & set(self.speakers):
             return None
         pred = self.predict([t["text"] for t in ats])
         return float(np.mean([p == t["speaker"] for p, t in zip(pred, ats, strict=True)]))
