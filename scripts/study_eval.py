@@ -7,8 +7,8 @@ else the base model), scores them with
 the `eval_scores` asset after each method (so a run stopped early keeps what finished), and
 prints every criterion's paired difference to MASCOT (cluster bootstrap by context, n,
 significance mark). Every method sees the same contexts, simulated users and seeds. `--report`
-then materialises `three_way_comparisons`, `human_ratings` and `eval_report` (the paper-layout
-report, with the champion gate) on what was scored. Meant for a home where
+then materialises `eval_scores`, `three_way_comparisons`, `human_ratings` and `eval_report` (the
+paper-layout report, with the champion gate) on what was generated. Meant for a home where
 `mascot demo --profile study` finished Stage 1; it replaces that home's eval dialogues:
 
     MASCOT_HOME=/path/to/study-home python scripts/study_eval.py --contexts 32 --turns 6 \
@@ -64,11 +64,12 @@ def run(n_contexts: int, turns: int, methods: list[str], modes: list[str]) -> No
 def full_report() -> None:
     import dagster as dg
 
-    from mascot_dag.assets.evaluation import eval_report, three_way_comparisons
+    from mascot_dag.assets.evaluation import eval_report, eval_scores, three_way_comparisons
     from mascot_dag.assets.human import human_ratings
     from mascot_dag.profiles import resources_for
 
-    assets = [three_way_comparisons, human_ratings, eval_report]
+    # scores again first: what was scored while the methods ran came from that process's code
+    assets = [eval_scores, three_way_comparisons, human_ratings, eval_report]
     assert dg.materialize(assets, resources=resources_for()).success
 
 
