@@ -125,12 +125,18 @@ def _turns():
 def test_persona_mbti_table_from_turn_scores():
     _, dialogues = _tables()
     means, n = persona_mbti_table(_turns(), dialogues, "mascot", "consistency")
-    assert means.loc["anchor", "INTJ"] == 75.0 and n.loc["anchor", "INTJ"] == 2
-    assert means.loc["beacon", "ENFP"] == 0.0 and n.loc["beacon", "ENFP"] == 1
-    assert pd.isna(means.loc["anchor", "ENFP"]) and n.loc["anchor", "ENFP"] == 0
-    assert "facilitator" not in means.index  # meeting turns have no simulated user
+
+    def cell(frame, persona, mbti):
+        return frame.filter(pl.col("speaker") == persona)[mbti].item()
+
+    assert cell(means, "anchor", "INTJ") == 75.0 and cell(n, "anchor", "INTJ") == 2
+    assert cell(means, "beacon", "ENFP") == 0.0 and cell(n, "beacon", "ENFP") == 1
+    assert cell(means, "anchor", "ENFP") is None and cell(n, "anchor", "ENFP") == 0
+    # meeting turns have no simulated user; rows and columns a-z
+    assert means["speaker"].to_list() == n["speaker"].to_list() == ["anchor", "beacon"]
+    assert means.columns == n.columns and means.columns[1:] == sorted(means.columns[1:])
     overall, _ = persona_mbti_table(_turns(), dialogues, "mascot", "overall")
-    assert overall.loc["beacon", "ENFP"] == pytest.approx((0 + 4 * 100) / 5)
+    assert cell(overall, "beacon", "ENFP") == pytest.approx((0 + 4 * 100) / 5)
 
 
 def test_report_shows_conditions_and_persona_heatmap(tmp_path):
@@ -257,7 +263,7 @@ def test_contexts_asset_assigns_the_ood_split(tmp_path, monkeypatch):
     import dagster as dg
 
     from mascot_dag.assets import contexts as contexts_mod
-    from mascot_dag.lib.db import query
+    from mascot_dag.lib.db import query_pl
     from mascot_dag.resources.settings import LineageSettings
     from mascot_dag.resources.store import DuckDBStore
 
@@ -269,13 +275,14 @@ def test_contexts_asset_assigns_the_ood_split(tmp_path, monkeypatch):
             "store": DuckDBStore(path=db), "settings": settings})
 
     assert run(LineageSettings(ood_valences=["neutral"], ood_domains=["committee"])).success
-    df = query(db, "SELECT source, domain, valence, split FROM contexts")
-    ood = df[df.split == "ood"]
-    assert len(ood) and set(ood.valence.dropna()) == {"neutral"}
-    assert set(ood.loc[ood.source == "qmsum", "domain"]) == {"committee"}
-    held = (df.valence == "neutral") | (df.domain == "committee")
-    assert (df.split[held] == "ood").all()
-    assert set(df.split) == {"train", "eval", "ood"}
+    df = query_pl(db, "SELECT source, domain, valence, split FROM contexts")
+    ood = df.filter(pl.col("split") == "ood")
+    assert len(ood) and set(ood["valence"].drop_nulls()) == {"neutral"}
+    assert set(ood.filter(pl.col("source") == "qmsum")["domain"]) == {"committee"}
+    held = (pl.col("valence") == "neutral").fill_null(False) | (
+        pl.col("domain") == "committee").fill_null(False)
+    assert (df.filter(held)["split"] == "ood").all()
+    assert set(df["split"]) == {"train", "eval", "ood"}
     bad = run(LineageSettings(ood_domains=["sports"]))
     assert not bad.success
     assert "ood_domains" in str(bad.all_events) and "sports" in str(bad.all_events)

@@ -108,8 +108,8 @@ def test_pairs_by_context_not_by_row_order():
     scores = scores.sample(frac=1.0, random_state=3)  # rows in any order
     pairs = paired_overall(scores, "mascot", "champion")
     assert len(pairs) == 10  # ctx10, ctx11 have no champion dialogue
-    assert pairs["diff"].tolist() == pytest.approx([12.5] * 10)
-    assert pairs["context_id"].tolist() == [f"ctx{k:02d}" for k in range(10)]
+    assert pairs["diff"].to_list() == pytest.approx([12.5] * 10)
+    assert pairs["context_id"].to_list() == [f"ctx{k:02d}" for k in range(10)]
 
 
 def test_gate_tracking_records_decision_ci_and_n():

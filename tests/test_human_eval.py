@@ -92,7 +92,7 @@ def _as_qs(form: dict) -> dict[str, list[str]]:
 def test_items_follow_the_three_way_rule_from_either_source(tmp_path):
     path = tmp_path / "m.duckdb"
     _write_db(path)
-    dialogues = db.query(path, "SELECT * FROM dialogues")
+    dialogues = db.query_pl(path, "SELECT * FROM dialogues")
     from_rule = H.build_items(dialogues)
     # the judge saw them in another order; the item is the same, in canonical order
     comp = pd.DataFrame([{"comparison_id": f"{ITEM}:embedded", "context_id": CTX,
@@ -103,7 +103,7 @@ def test_items_follow_the_three_way_rule_from_either_source(tmp_path):
                                               (f"eval:mascot:{CTX}", f"eval:few_shot:{CTX}",
                                                f"eval:zero_shot:{CTX}"))]
     # two methods only: no three-way item
-    assert H.build_items(dialogues[dialogues.method != "few_shot"]) == []
+    assert H.build_items(dialogues.filter(pl.col("method") != "few_shot")) == []
 
 
 def test_shuffle_is_deterministic_per_rater_and_differs_between_raters():
@@ -148,21 +148,22 @@ def test_resubmission_replaces_the_raters_answer_only(tmp_path):
 
     path = tmp_path / "m.duckdb"
     _write_db(path)
-    store, item = Ratings(path), H.build_items(db.query(path, "SELECT * FROM dialogues"))[0]
+    store, item = Ratings(path), H.build_items(db.query_pl(path, "SELECT * FROM dialogues"))[0]
     assert store.save(item, H.parse_submission(item, _as_qs(_form("bob")))) == (27, False)
     assert store.save(item, H.parse_submission(item, _as_qs(_form("alice")))) == (27, False)
     sub = H.parse_submission(item, _as_qs(_form("alice", slot_score=dict.fromkeys("ABC", 2),
                                                 best="C")))
     assert store.save(item, sub) == (27, True)
-    r = db.query(path, "SELECT rater, count(*) n, min(score) lo, max(score) hi FROM human_ratings "
-                       "GROUP BY rater ORDER BY rater")
-    assert r.to_dict("records") == [{"rater": "alice", "n": 27, "lo": 2, "hi": 2},
+    r = db.query_pl(path, "SELECT rater, count(*) n, min(score) lo, max(score) hi "
+                          "FROM human_ratings GROUP BY rater ORDER BY rater")
+    assert r.to_dicts() == [{"rater": "alice", "n": 27, "lo": 2, "hi": 2},
                                     {"rater": "bob", "n": 27, "lo": 1, "hi": 5}]
-    c = db.query(path, "SELECT * FROM human_choices WHERE rater = 'alice'")
+    c = db.query_pl(path, "SELECT * FROM human_choices WHERE rater = 'alice'")
     assert len(c) == 1
     # slot C is the dialogue alice's shuffle put third
-    assert c.best_dialogue_id[0] == item.dialogue_ids[H.shown_order("alice", item)[2]]
-    assert json.loads(c.shown_order[0]) == [item.methods[i] for i in H.shown_order("alice", item)]
+    assert c["best_dialogue_id"][0] == item.dialogue_ids[H.shown_order("alice", item)[2]]
+    shown = [item.methods[i] for i in H.shown_order("alice", item)]
+    assert json.loads(c["shown_order"][0]) == shown
     # a failing transaction (a score outside the CHECK) leaves alice's rows as they were
     ratings, choice = H.submission_rows(item, sub)
     ratings = ratings.with_columns(
@@ -170,11 +171,11 @@ def test_resubmission_replaces_the_raters_answer_only(tmp_path):
     with pytest.raises(Exception, match="(?i)check|constraint"):
         db.replace_many(path, H.replace_changes(item, "alice", ratings,
                                                 choice.with_columns(best_method=pl.lit("x"))))
-    after = db.query(path, "SELECT count(*) n, max(score) hi FROM human_ratings "
-                           "WHERE rater = 'alice'")
-    assert after.to_dict("records") == [{"n": 27, "hi": 2}]
-    assert db.query(path, "SELECT best_method FROM human_choices WHERE rater='alice'") \
-        .best_method[0] != "x"
+    after = db.query_pl(path, "SELECT count(*) n, max(score) hi FROM human_ratings "
+                              "WHERE rater = 'alice'")
+    assert after.to_dicts() == [{"n": 27, "hi": 2}]
+    assert db.query_pl(path, "SELECT best_method FROM human_choices WHERE rater='alice'") \
+        ["best_method"][0] != "x"
 
 
 def test_krippendorff_alpha_on_known_matrices():
@@ -253,16 +254,17 @@ def test_report_and_asset_with_and_without_ratings(home, tmp_path):
 
     from mascot_dag.web.rate import Ratings
 
-    store, item = Ratings(path), H.build_items(db.query(path, "SELECT * FROM dialogues"))[0]
+    store, item = Ratings(path), H.build_items(db.query_pl(path, "SELECT * FROM dialogues"))[0]
     for r, best in (("ann", "A"), ("ben", "B")):
         store.save(item, H.parse_submission(item, _as_qs(_form(r, best=best))))
     res = dg.materialize([human_ratings], resources={"store": DuckDBStore()})
     md = res.asset_materializations_for_node("human_ratings")[0].metadata
     assert md["ratings"].value == 54 and md["raters"].value == 2 and md["best_picks"].value == 2
     report = build_report(ReportInputs(
-        db.query(path, "SELECT * FROM eval_scores"), db.query(path, "SELECT * FROM dialogues"),
-        paper_results=None, human_ratings=db.query(path, "SELECT * FROM human_ratings"),
-        human_choices=db.query(path, "SELECT * FROM human_choices")), tmp_path / "r1")
+        db.query_pl(path, "SELECT * FROM eval_scores"),
+        db.query_pl(path, "SELECT * FROM dialogues"), paper_results=None,
+        human_ratings=db.query_pl(path, "SELECT * FROM human_ratings"),
+        human_choices=db.query_pl(path, "SELECT * FROM human_choices")), tmp_path / "r1")
     text = report.markdown.read_text()
     assert "2 raters, 1 items, 3 dialogues, 54 ratings" in text
     assert "Krippendorff" in text and "### Best pick" in text
@@ -312,9 +314,9 @@ def _post(base: str, form: dict | str, ctype: str = "application/x-www-form-urle
 
 
 def _count(path: Path, rater: str) -> tuple[int, int]:
-    r = db.query(path, "SELECT (SELECT count(*) FROM human_ratings WHERE rater = ?) a, "
-                       "(SELECT count(*) FROM human_choices WHERE rater = ?) b", [rater, rater])
-    return int(r.a[0]), int(r.b[0])
+    r = db.query_pl(path, "SELECT (SELECT count(*) FROM human_ratings WHERE rater = ?) a, "
+                          "(SELECT count(*) FROM human_choices WHERE rater = ?) b", [rater, rater])
+    return int(r["a"][0]), int(r["b"][0])
 
 
 def _wait_for(browser, text: str, timeout: float = 30.0) -> None:
@@ -357,16 +359,16 @@ def test_rate_a_whole_item_in_the_browser(server, browser, tmp_path):
     done = tmp_path / "rate_done.png"
     browser.save_screenshot(str(done))
     assert done.stat().st_size > 0
-    item = H.build_items(db.query(path, "SELECT * FROM dialogues"))[0]
+    item = H.build_items(db.query_pl(path, "SELECT * FROM dialogues"))[0]
     order = H.shown_order("Grace H", item)
-    rows = db.query(path, "SELECT * FROM human_ratings WHERE rater = 'Grace H'")
+    rows = db.query_pl(path, "SELECT * FROM human_ratings WHERE rater = 'Grace H'")
     assert len(rows) == 27
     for pos, s in enumerate(H.SLOTS):  # what was clicked for slot s landed on its dialogue
-        sel = rows[rows.dialogue_id == item.dialogue_ids[order[pos]]]
-        assert set(sel.score) == {values[s]} and set(sel.shown_position) == {pos}
+        sel = rows.filter(pl.col("dialogue_id") == item.dialogue_ids[order[pos]])
+        assert set(sel["score"]) == {values[s]} and set(sel["shown_position"]) == {pos}
         assert len(sel) == 9
-    choice = db.query(path, "SELECT * FROM human_choices WHERE rater = 'Grace H'")
-    assert choice.best_method.tolist() == [item.methods[order[1]]]
+    choice = db.query_pl(path, "SELECT * FROM human_choices WHERE rater = 'Grace H'")
+    assert choice["best_method"].to_list() == [item.methods[order[1]]]
     # reopening the item shows the stored answer and says a new one replaces it
     q = urllib.parse.urlencode({"rater": "Grace H", "item": ITEM})
     browser.get(f"{base}/item?{q}")
@@ -396,7 +398,8 @@ def test_bad_posts_are_clear_4xx_and_store_nothing(server):
     status, _ = _post(base, _form("mallory", item=""))
     assert status == 404
     assert _count(path, "mallory") == (0, 0)
-    assert db.query(path, "SELECT count(*) n FROM human_ratings WHERE length(rater) > 64").n[0] == 0
+    assert db.query_pl(path, "SELECT count(*) n FROM human_ratings WHERE length(rater) > 64"
+                       )["n"][0] == 0
 
 
 def test_concurrent_raters(server):
@@ -420,12 +423,12 @@ def test_concurrent_raters(server):
     assert _count(path, "dave") == (27, 1) and _count(path, "erin") == (0, 0)
     # carol's two submissions raced: exactly one of them is stored, whole
     assert _count(path, "carol") == (27, 1)
-    carol = db.query(path, "SELECT DISTINCT score FROM human_ratings WHERE rater = 'carol'")
-    best = db.query(path, "SELECT best_dialogue_id FROM human_choices WHERE rater = 'carol'")
-    item = H.build_items(db.query(path, "SELECT * FROM dialogues"))[0]
+    carol = db.query_pl(path, "SELECT DISTINCT score FROM human_ratings WHERE rater = 'carol'")
+    best = db.query_pl(path, "SELECT best_dialogue_id FROM human_choices WHERE rater = 'carol'")
+    item = H.build_items(db.query_pl(path, "SELECT * FROM dialogues"))[0]
     order = H.shown_order("carol", item)
     expect = {2: item.dialogue_ids[order[0]], 4: item.dialogue_ids[order[2]]}
-    assert len(carol) == 1 and best.best_dialogue_id[0] == expect[int(carol.score[0])]
+    assert len(carol) == 1 and best["best_dialogue_id"][0] == expect[int(carol["score"][0])]
 
 
 def test_export_csv_and_parquet(server, tmp_path):

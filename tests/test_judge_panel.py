@@ -63,7 +63,7 @@ def test_training_rule_selects_judges_and_rows():
         training_judge([emb, EmbeddedJudge()], "mean")
     judg = pd.DataFrame({"target_id": ["t", "t"], "judge": ["embedded", "llm"],
                          "criterion": "consistency", "score": [2.0, 4.0], "status": "ok"})
-    assert list(training_judgments(judg, "embedded").judge) == ["embedded"]
+    assert training_judgments(judg, "embedded")["judge"].to_list() == ["embedded"]
     assert len(training_judgments(judg, "mean")) == 2
 
 
@@ -182,20 +182,21 @@ def test_panel_of_embedded_and_served_llm_judge(home, served_model):
                          resources={"store": store, "judges": panel,
                                     "settings": LineageSettings(block_size=4)})
     assert res.success
-    scores = store.query("SELECT * FROM eval_scores WHERE level <> 'automatic'")
-    assert set(scores.judge) == {"embedded", "llm"}
+    scores = store.frame("SELECT * FROM eval_scores WHERE level <> 'automatic'")
+    assert set(scores["judge"]) == {"embedded", "llm"}
     for j in ("embedded", "llm"):
-        mine = scores[scores.judge == j]
-        assert set(mine.method) == set(METHODS)
-        assert set(mine.criterion) == set(AGENT_CRITERIA) | set(COLLECTIVE_CRITERIA)
+        mine = scores.filter(pl.col("judge") == j)
+        assert set(mine["method"]) == set(METHODS)
+        assert set(mine["criterion"]) == set(AGENT_CRITERIA) | set(COLLECTIVE_CRITERIA)
         # no NULL (failed) judgment: structured, the LLM judge never fails either
-        assert mine.value.notna().all() and mine.value.between(1, 5).all()
+        assert mine["value"].null_count() == 0 and mine["value"].is_between(1, 5).all()
 
     agr = agreement(scores, ["method", "dialogue_id", "level"])
     assert set(agr["criterion"]) == {"all", *AGENT_CRITERIA, *COLLECTIVE_CRITERIA}
-    wide = scores.set_index(["method", "dialogue_id", "level", "criterion", "judge"]).value
-    wide = wide.unstack("judge")  # keeps a judge whose every value is NULL
-    both = wide[["embedded", "llm"]].dropna()
+    # a judge whose every value is NULL keeps its column
+    wide = scores.pivot(on="judge", index=["method", "dialogue_id", "level", "criterion"],
+                        values="value", aggregate_function="first")
+    both = wide.select("embedded", "llm").drop_nulls()
     assert agr.filter(pl.col("criterion") == "all")["n"].item() == len(both)
     for r in agr.iter_rows(named=True):
         assert math.isnan(r["rho"]) == bool(r["note"])  # NaN only with its reason
@@ -204,9 +205,9 @@ def test_panel_of_embedded_and_served_llm_judge(home, served_model):
     assert "judge A" in meta["judge_agreement"].value or "n/a" in meta["judge_agreement"].value
     assert meta["judge_agreement_n"].value["embedded~llm/all"] == len(both)
 
-    comps = store.query("SELECT * FROM comparisons")
-    assert len(comps) == 1 and set(comps.judge) == {"metric"}
-    assert comps.winner.iloc[0] in METHODS and comps.status.iloc[0] == "ok"
+    comps = store.frame("SELECT * FROM comparisons")
+    assert len(comps) == 1 and set(comps["judge"]) == {"metric"}
+    assert comps["winner"][0] in METHODS and comps["status"][0] == "ok"
 
     # the training mean over the panel: each criterion is the mean of the judges' ok scores
     mean = MeanJudge(panel.judges())

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import pandas as pd
 import polars as pl
 import pytest
 
@@ -59,11 +58,10 @@ def test_pairs_keep_every_gap_of_at_least_delta_and_orient_chosen_above_rejected
     got = sorted(pairs.select("chosen_id", "rejected_id", pl.col("margin").round(2)).rows())
     assert got == [("a", "b", 2.0), ("c", "b", 1.8)]
     assert (pairs["chosen_score"] > pairs["rejected_score"]).all()
-    # A pandas caller (the feedback assets, until they move to polars) gets the same rows back
-    # as pandas.
+    # pandas input (a fixture) is converted: the same rows, as polars
     legacy = make_pairs(cands.to_pandas(), scores.to_pandas(), delta=0.5)
-    assert isinstance(legacy, pd.DataFrame)
-    assert sorted(zip(legacy.chosen_id, legacy.rejected_id, strict=True)) == [
+    assert isinstance(legacy, pl.DataFrame)
+    assert sorted(zip(legacy["chosen_id"], legacy["rejected_id"], strict=True)) == [
         ("a", "b"), ("c", "b")]
     none = make_pairs(cands, scores, delta=5.0)
     assert none.is_empty() and none.columns[-1] == "margin"
@@ -107,7 +105,8 @@ def test_persona_weight_ranks_on_persona_fidelity():
          "score": float("nan"), "status": "ok"}])])
     again = mean_scores(noisy, persona_weight=0.5).filter(pl.col("target_id") == "a")
     assert again["mean_score"].item() == pytest.approx(3.5) and again["n_scores"].item() == 2
-    legacy = mean_scores(j.to_pandas(), persona_weight=0.5).set_index("target_id").mean_score
+    legacy = dict(mean_scores(j.to_pandas(), persona_weight=0.5)
+                  .select("target_id", "mean_score").rows())
     assert legacy["a"] == pytest.approx(3.5)
     with pytest.raises(ValueError, match="persona_weight"):
         mean_scores(j, persona_weight=1.5)

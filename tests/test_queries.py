@@ -92,9 +92,11 @@ def database(home) -> Path:
 
 
 def _run_all(path: Path) -> dict:
+    """Every named query's result; as pandas, whose indexing these checks read best."""
     out = {}
     for f in sorted(QUERIES.glob("*.sql")):
-        out[f.stem] = db.query(path, f.read_text(encoding="utf-8"), PARAMS.get(f.stem))
+        sql = f.read_text(encoding="utf-8")
+        out[f.stem] = db.query_pl(path, sql, PARAMS.get(f.stem)).to_pandas()
     return out
 
 
@@ -157,10 +159,10 @@ def test_query_values(database):
 
 def test_dialogue_query_needs_its_parameter(database):
     sql = (QUERIES / "dialogue.sql").read_text(encoding="utf-8")
-    other = db.query(database, sql, {"dialogue_id": "d2"})
-    assert other.speaker.tolist() == ["user", "assistant"]
+    other = db.query_pl(database, sql, {"dialogue_id": "d2"})
+    assert other["speaker"].to_list() == ["user", "assistant"]
     with pytest.raises(Exception, match="dialogue_id"):
-        db.query(database, sql, None)
+        db.query_pl(database, sql, None)
 
 
 def _mascot(home: Path, *args: str) -> subprocess.CompletedProcess:

@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 
 from mascot_dag.lib.champion import dialogue_overall, gate_decision, overall_score
-from mascot_dag.lib.paper import load_published
+from mascot_dag.lib.paper import published_table
 from mascot_dag.lib.report import ReportInputs, build_report
 from mascot_dag.lib.stats import win_rates
 from mascot_dag.lib.types import AGENT_CRITERIA, COLLECTIVE_CRITERIA
@@ -56,7 +56,7 @@ def test_overall_score_is_mean_of_criteria_on_0_100():
     rows += [dict(method="m", dialogue_id=f"d{k}", level="agent", judge="j",
                   criterion=AGENT_CRITERIA[4], value=1.0) for k in range(10)]  # fmt: skip
     assert overall_score(pd.DataFrame(rows), "m") == pytest.approx(100 * 8 / 9)
-    per = dialogue_overall(scores).set_index("dialogue_id")["overall"]
+    per = dict(dialogue_overall(scores).select("dialogue_id", "overall").rows())
     assert per["eval:mascot:c1"] == pytest.approx(100.0)
 
 
@@ -170,10 +170,10 @@ def test_breakdown_by_valence_and_domain(tmp_path):
 
 
 def test_paper_numbers_beside_ours(tmp_path):
-    published = load_published()
-    assert set(published["method"]) == {"mascot", "zero_shot", "zero_shot_cot", "few_shot",
-                                        "few_shot_cot", "sft", "self_consistency",
-                                        "multiagent_esc"}
+    published = published_table()
+    assert set(published["method"].to_list()) == {
+        "mascot", "zero_shot", "zero_shot_cot", "few_shot", "few_shot_cot", "sft",
+        "self_consistency", "multiagent_esc"}
     scores, dialogues = _tables()
     res = build_report(ReportInputs(scores, dialogues, contexts=CONTEXTS), tmp_path)
     text = res.markdown.read_text(encoding="utf-8")
@@ -184,4 +184,4 @@ def test_paper_numbers_beside_ours(tmp_path):
     bad.write_text("level,dataset,split,method,criterion,score_0_100\n"
                    "agent,empatheticdialogues,positive,GPT-9,overall,99\n")
     with pytest.raises(ValueError, match="GPT-9"):
-        load_published(bad)
+        published_table(bad)

@@ -1,6 +1,6 @@
 """Small helpers shared by the asset modules: metadata that is measured, never decorative.
 
-They take polars frames, and pandas ones from the assets still reading `store.query`.
+They take polars frames (a pandas one is converted through `frames.to_polars`).
 """
 
 import dagster as dg

@@ -292,20 +292,20 @@ def eval_report(
     from mascot_dag.lib.report import ReportInputs, build_report
     from mascot_dag.lib.stats import win_rates
 
-    scores = store.query("SELECT * FROM eval_scores")
-    turn_scores = store.query("SELECT * FROM eval_turn_scores")
-    human = store.query("SELECT * FROM human_ratings"), store.query("SELECT * FROM human_choices")
-    dialogues = store.query("SELECT * FROM dialogues WHERE stage = 'eval'")
-    comparisons = store.query("SELECT * FROM comparisons")
-    contexts = store.query("SELECT context_id, source, domain, valence, split FROM contexts")
-    director_rows = store.query("SELECT * FROM director_comparison")
+    scores = store.frame("SELECT * FROM eval_scores")
+    turn_scores = store.frame("SELECT * FROM eval_turn_scores")
+    human = store.frame("SELECT * FROM human_ratings"), store.frame("SELECT * FROM human_choices")
+    dialogues = store.frame("SELECT * FROM dialogues WHERE stage = 'eval'")
+    comparisons = store.frame("SELECT * FROM comparisons")
+    contexts = store.frame("SELECT context_id, source, domain, valence, split FROM contexts")
+    director_rows = store.frame("SELECT * FROM director_comparison")
     versions = _mascot_versions(store)
     decision = gate.gate_decision(
         current_champion_scores(store, tracking, scores), champion_exists(tracking),
         margin=settings.gate_margin,
         min_contexts=settings.gate_min_contexts, seed=settings.seed)
     provenance = {
-        "base model": chat.model_name, "judges": sorted(scores.judge.unique().tolist()),
+        "base model": chat.model_name, "judges": sorted(scores["judge"].unique().to_list()),
         "training judge": judges.training_judge, "three-way judge": judges.three_way_judge,
         "adapter versions used by mascot": versions or "none",
         "sizes": {k: getattr(settings, k) for k in ("eval_contexts", "agent_turns", "block_size",

@@ -21,8 +21,7 @@ score: differencing removes it, and the bootstrap resamples contexts (clusters),
 - Either way at least `min_contexts` paired contexts are required: a percentile bootstrap over 2
   contexts is just [min, max] of two differences, so two lucky positives would pass the CI rule.
 
-Frames are polars; the evaluation and report code still passes pandas, and gets pandas back
-(lib/frames.py).
+Frames are polars (a pandas input is converted through `frames.to_polars`).
 """
 
 from __future__ import annotations
@@ -34,7 +33,7 @@ from typing import Any
 
 import polars as pl
 
-from mascot_dag.lib.frames import like, to_polars
+from mascot_dag.lib.frames import to_polars
 from mascot_dag.lib.stats import paired_cluster_bootstrap
 from mascot_dag.lib.types import to_100
 
@@ -65,7 +64,7 @@ def judge_rows_100(eval_scores):
     Raises when a judge value lies outside 1-5: eval_scores stores judges' raw 1-5 scores, and a
     row already on 0-100 would otherwise be stretched silently.
     """
-    return like(_judge_rows(to_polars(eval_scores)), eval_scores)
+    return _judge_rows(to_polars(eval_scores))
 
 
 def criterion_means(eval_scores, method: str) -> pl.DataFrame:
@@ -90,7 +89,7 @@ def _dialogue_overall(eval_scores: pl.DataFrame) -> pl.DataFrame:
 def dialogue_overall(eval_scores):
     """Per-dialogue overall scores (method, dialogue_id, overall), same recipe within a dialogue:
     mean over judges per (level, criterion), then the mean of those. Used for bootstrap CIs."""
-    return like(_dialogue_overall(to_polars(eval_scores)), eval_scores)
+    return _dialogue_overall(to_polars(eval_scores))
 
 
 def _fmt(x: float | None) -> str:
@@ -136,7 +135,7 @@ def with_context(per, dialogues=None):
     p = to_polars(per)
     ids = [known.get(d) or context_of(d, m)
            for d, m in zip(p["dialogue_id"].to_list(), p["method"].to_list(), strict=True)]
-    return like(p.with_columns(context_id=pl.Series(ids, dtype=pl.String)), per)
+    return p.with_columns(context_id=pl.Series(ids, dtype=pl.String))
 
 
 PAIR_SCHEMA = {"context_id": pl.String, "candidate": pl.Float64, "comparator": pl.Float64,
@@ -163,7 +162,7 @@ def pair_methods(per, candidate: str, comparator: str, value: str = "overall"):
     Columns: context_id, candidate, comparator, diff (candidate - comparator), sorted by context.
     A context with several dialogues of one method (e.g. several seeds) is averaged first.
     """
-    return like(_pair_methods(to_polars(per), candidate, comparator, value), per)
+    return _pair_methods(to_polars(per), candidate, comparator, value)
 
 
 def _paired_overall(es: pl.DataFrame, candidate: str, comparator: str) -> pl.DataFrame:
@@ -175,7 +174,7 @@ def _paired_overall(es: pl.DataFrame, candidate: str, comparator: str) -> pl.Dat
 
 def paired_overall(eval_scores, candidate: str, comparator: str):
     """`pair_methods` of the per-dialogue overall scores (context from the dialogue id)."""
-    return like(_paired_overall(to_polars(eval_scores), candidate, comparator), eval_scores)
+    return _paired_overall(to_polars(eval_scores), candidate, comparator)
 
 
 def paired_difference(

@@ -6,9 +6,9 @@ an asset goes through `replace_rows`: delete the asset's (or partition's) old ro
 new ones in ONE transaction, so a failure leaves the previous rows intact and re-materialising
 never duplicates.
 
-Rows travel as Arrow tables: writes take polars DataFrames (pandas ones are still accepted and
-converted through Arrow, for the modules not yet on polars), `query_pl` reads into polars,
-`query` into pandas (kept for the modules still on pandas; see docs/DESIGN.md "Dataframes").
+Rows travel as Arrow tables: writes take polars DataFrames (pandas ones, as tests build fixtures,
+are still accepted and converted through Arrow without this module importing pandas), `query_pl`
+reads into polars (docs/DESIGN.md "Dataframes").
 """
 
 from __future__ import annotations
@@ -21,9 +21,10 @@ from pathlib import Path
 from typing import Any
 
 import duckdb
-import pandas as pd
 import polars as pl
 import pyarrow as pa
+
+from mascot_dag.lib.frames import is_pandas
 
 SQL_DIR = Path(str(resources.files("mascot_dag") / "sql"))
 
@@ -79,7 +80,7 @@ def connect(
         con.close()
 
 
-Frame = pl.DataFrame | pd.DataFrame
+Frame = Any  # a polars DataFrame; a pandas one is accepted (frames.is_pandas)
 
 
 def to_arrow(rows: Frame, table: str = "") -> pa.Table:
@@ -90,7 +91,7 @@ def to_arrow(rows: Frame, table: str = "") -> pa.Table:
     """
     if isinstance(rows, pl.DataFrame):
         return rows.to_arrow()
-    if not isinstance(rows, pd.DataFrame):
+    if not is_pandas(rows):
         raise TypeError(f"rows for table {table or '?'} must be a polars or pandas DataFrame, "
                         f"got {type(rows).__name__}")
     try:
@@ -164,12 +165,6 @@ def upsert_rows(path: str | Path, table: str, rows: Frame) -> int:
         con.execute(f"INSERT OR REPLACE INTO {table} ({names}) SELECT {names} FROM _incoming")
         con.unregister("_incoming")
     return len(rows)
-
-
-def query(path: str | Path, sql: str, params: list[Any] | dict | None = None) -> pd.DataFrame:
-    """pandas result, for the modules not yet on polars (phase 2 retires it for `query_pl`)."""
-    with connect(path) as con:
-        return con.execute(sql, params or []).df()
 
 
 def query_pl(path: str | Path, sql: str, params: list[Any] | dict | None = None) -> pl.DataFrame:

@@ -1,9 +1,9 @@
-"""polars at the boundary with the modules still on pandas (phase 1 of the polars migration).
+"""pandas frames at the package boundary, converted to polars.
 
-polars is the project's dataframe library (docs/DESIGN.md "Dataframes"). Some callers still pass
-and expect pandas frames (the evaluation/report code, `DuckDBStore.query`). A migrated function
-takes either kind through `to_polars`, computes in polars, and hands back `like(result, input)`:
-pandas to a pandas caller, polars to everyone else. Phase 2 deletes this module.
+polars is the project's dataframe library (docs/DESIGN.md "Dataframes"); nothing in the package
+produces or returns pandas. Public functions that take frames still accept a pandas one (tests
+and notebooks build fixtures with it) through `to_polars`; `db.to_arrow` uses `is_pandas` for
+pandas writes. Neither imports pandas.
 """
 
 from __future__ import annotations
@@ -33,8 +33,3 @@ def to_polars(df: Any) -> pl.DataFrame:
         empty = [c for c in out.columns if out[c].null_count() == out.height]
         return out.with_columns(pl.Series(c, [None] * out.height, dtype=pl.Null) for c in empty)
     raise TypeError(f"expected a polars or pandas DataFrame, got {type(df).__name__}")
-
-
-def like(result: pl.DataFrame, original: Any) -> Any:
-    """`result` as pandas when the caller passed pandas (`original`), else unchanged."""
-    return result.to_pandas() if is_pandas(original) else result

@@ -44,8 +44,3 @@ def published_table(path: Path | None = None) -> pl.DataFrame:
     return df.select(COLUMNS).with_columns(
         pl.col("method").replace_strict(PAPER_METHODS),
         pl.col("score_0_100").cast(pl.Float64))
-
-
-def load_published(path: Path | None = None):
-    """`published_table` as pandas, for the report (phase 2 removes it)."""
-    return published_table(path).to_pandas()

@@ -9,8 +9,7 @@ prompt, each judged as p: another persona's voice for the same situation is a na
 side, and a reward model that must rank it lower has to read the persona tag. The largest-margin
 pairs are kept, `max_per_context` per (context, persona). Failed judgments never count.
 
-Frames are polars; a pandas frame is accepted and answered in pandas (lib/frames.py) while the
-feedback assets still read the store as pandas.
+Frames are polars (a pandas input is converted through `frames.to_polars`).
 """
 
 from __future__ import annotations
@@ -20,7 +19,7 @@ from itertools import combinations
 
 import polars as pl
 
-from mascot_dag.lib.frames import like, to_polars
+from mascot_dag.lib.frames import to_polars
 from mascot_dag.lib.types import Context, Message
 
 
@@ -83,7 +82,7 @@ def mean_scores(judgments, persona_weight: float = 0.2):
         mean = pl.col("m").mean()
     out = (per.group_by(key).agg(mean_score=mean, n_scores=pl.col("n").sum())
            .drop_nulls("mean_score").sort(key, nulls_last=True))
-    return like(out, judgments)
+    return out
 
 
 PAIR_SCHEMA = {"pair_id": pl.String, "context_id": pl.String, "persona_id": pl.String,
@@ -129,7 +128,7 @@ def make_pairs(
             )
         found.sort(key=lambda p: (-p["margin"], p["chosen_id"], p["rejected_id"]))
         rows += found[:max_per_context] if max_per_context > 0 else found
-    return like(pl.DataFrame(rows, schema=PAIR_SCHEMA), candidates)
+    return pl.DataFrame(rows, schema=PAIR_SCHEMA)
 
 
 def best_per_context(candidates, scores, persona: str):
@@ -142,7 +141,7 @@ def best_per_context(candidates, scores, persona: str):
                         descending=[False, True, False])
             .group_by("context_id", maintain_order=True).head(1)
             .select("candidate_id", "context_id", "mean_score"))
-    return like(best, candidates)
+    return best
 
 
 def candidate_seed(seed: int, persona_index: int, sample_idx: int) -> int:

@@ -28,7 +28,7 @@ import numpy as np
 import polars as pl
 import yaml
 
-from mascot_dag.lib.frames import like, to_polars
+from mascot_dag.lib.frames import to_polars
 from mascot_dag.lib.stats import paired_cluster_bootstrap
 
 PROBE_DIR = Path(__file__).resolve().parent.parent / "personas" / "probe"
@@ -130,7 +130,7 @@ def unit_table(units: Sequence[ProbeUnit], base_texts: Sequence[str],
 def summarise(table, seed: int = 0):
     """Per persona and overall ('all'): mean of every measure per arm, the paired difference
     (adapter - base) with its context-clustered 95% CI, n units / contexts, and the share of
-    identical outputs. `table` (polars; pandas is answered in pandas) has the unit_table columns
+    identical outputs. `table` (polars; pandas is converted) has the unit_table columns
     plus one column per measure."""
     t = to_polars(table)
     key = ["context_id", "persona_id", "seed"]
@@ -158,7 +158,7 @@ def summarise(table, seed: int = 0):
             row |= {f"{m}_base": _mean(base), f"{m}_adapter": _mean(adapted),
                     f"{m}_gain": ci["mean"], f"{m}_lo": ci["lo"], f"{m}_hi": ci["hi"]}
         rows.append(row)
-    return like(pl.DataFrame(rows), table)
+    return pl.DataFrame(rows)
 
 
 def _mean(values: pl.Series) -> float:

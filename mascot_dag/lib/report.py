@@ -1,7 +1,8 @@
 """The evaluation report: markdown tables and PNG plots from the evaluation tables.
 
-Input DataFrames are shaped like the DuckDB tables `eval_scores` and `dialogues` (judge scores on
-the judges' 1-5 scale; shown here on 0-100). Every section renders whatever data exists: a missing
+Input DataFrames (polars; a pandas one is converted through `frames.to_polars`) are shaped like
+the DuckDB tables `eval_scores` and `dialogues` (judge scores on the judges' 1-5 scale; shown here
+on 0-100). Every section renders whatever data exists: a missing
 method, judge, profile or comparison becomes "n/a (reason)", never an exception. Directions of
 automatic metrics come from `metrics.METRICS` (lm-evaluation-harness style), so a table cannot
 show a lower-is-better metric as if higher were better. Plots use matplotlib's Agg canvas directly
@@ -17,15 +18,15 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pandas as pd
 import polars as pl
 
 from mascot_dag.lib.champion import dialogue_overall, judge_rows_100, overall_score
 from mascot_dag.lib.director_eval import report_section as director_section
+from mascot_dag.lib.frames import to_polars
 from mascot_dag.lib.human_stats import human_section
 from mascot_dag.lib.methods import METHOD_LABELS
 from mascot_dag.lib.metrics import METRICS
-from mascot_dag.lib.paper import load_published, results_path
+from mascot_dag.lib.paper import published_table, results_path
 from mascot_dag.lib.report_conditions import condition_section, persona_mbti_section
 from mascot_dag.lib.report_sections import (
     PAIRED_NOTE,
@@ -61,19 +62,21 @@ ARROW = {True: "↑", False: "↓", None: "–"}
 
 @dataclass
 class ReportInputs:
-    eval_scores: pd.DataFrame
-    dialogues: pd.DataFrame
-    win_rates: pl.DataFrame | None = None  # `stats.win_rates` output (polars)
+    """Frames are polars (pandas ones are converted by `build_report`)."""
+
+    eval_scores: pl.DataFrame
+    dialogues: pl.DataFrame | None
+    win_rates: pl.DataFrame | None = None  # `stats.win_rates` output
     provenance: dict[str, Any] = field(default_factory=dict)
     champion: dict[str, Any] | Any | None = None  # dict or `champion.Decision`
     methods: list[str] | None = None  # methods expected; those without rows show as n/a
     title: str = "MASCOT evaluation report"
-    contexts: pd.DataFrame | None = None  # `contexts` rows (context_id, source, valence, domain)
+    contexts: pl.DataFrame | None = None  # `contexts` rows (context_id, source, valence, domain)
     paper_results: Path | None = field(default_factory=results_path)  # None: no paper section
-    turn_scores: pd.DataFrame | None = None  # `eval_turn_scores` rows (per-persona tables)
-    human_ratings: pd.DataFrame | None = None  # `human_ratings` rows (None/empty: not rated)
-    human_choices: pd.DataFrame | None = None  # `human_choices` rows
-    director_comparison: pd.DataFrame | None = None  # `director_comparison` rows
+    turn_scores: pl.DataFrame | None = None  # `eval_turn_scores` rows (per-persona tables)
+    human_ratings: pl.DataFrame | None = None  # `human_ratings` rows (None/empty: not rated)
+    human_choices: pl.DataFrame | None = None  # `human_choices` rows
+    director_comparison: pl.DataFrame | None = None  # `director_comparison` rows
 
 
 @dataclass
@@ -83,11 +86,11 @@ class ReportResult:
     headline: dict[str, float | None]  # method -> overall score (0-100), None without judge rows
 
 
-def _methods(data: ReportInputs, scores: pd.DataFrame) -> list[str]:
+def _methods(data: ReportInputs, scores: pl.DataFrame) -> list[str]:
     found = set(data.methods or [])
-    found |= set(scores["method"].dropna()) | set(
-        data.dialogues.get("method", pd.Series()).dropna()
-    )
+    found |= set(scores["method"].drop_nulls().to_list())
+    if "method" in data.dialogues.columns:
+        found |= set(data.dialogues["method"].drop_nulls().to_list())
     known = [m for m in METHOD_ORDER if m in found]
     return known + sorted(found - set(known))
 
@@ -110,23 +113,25 @@ def _cell(values: list[float], digits: int = 1, centre: float | None = None) -> 
     return f"{c:.{digits}f} ± {std:.{digits}f} [{lo:.{digits}f}, {hi:.{digits}f}] (n={len(values)})"
 
 
-def _criteria(judge: pd.DataFrame, level: str) -> list[str]:
+def _criteria(judge: pl.DataFrame, level: str) -> list[str]:
     rubric = AGENT_CRITERIA if level == "agent" else COLLECTIVE_CRITERIA
-    found = set(judge.loc[judge["level"] == level, "criterion"])
+    found = set(judge.filter(pl.col("level") == level)["criterion"].to_list())
     return [c for c in rubric if c in found] + sorted(found - set(rubric))
 
 
-def _per_dialogue(judge: pd.DataFrame, method: str, level: str, criterion: str) -> list[float]:
-    """0-100 values of one criterion, one per dialogue (mean over judges first)."""
-    sel = judge[(judge["method"] == method) & (judge["level"] == level)]
-    sel = sel[sel["criterion"] == criterion]
-    return sel.groupby("dialogue_id")["value"].mean().tolist()
+def _per_dialogue(judge: pl.DataFrame, method: str, level: str, criterion: str) -> list[float]:
+    """0-100 values of one criterion, one per dialogue in dialogue_id order (mean over judges
+    first; the order fixes which values a seeded bootstrap draws)."""
+    sel = judge.filter((pl.col("method") == method) & (pl.col("level") == level)
+                       & (pl.col("criterion") == criterion))
+    return (sel.group_by("dialogue_id").agg(pl.col("value").mean()).sort("dialogue_id")
+            ["value"].to_list())
 
 
 def _criteria_section(scores, judge, methods, out_dir, plots) -> list[str]:
     lines = ["## Judge scores by criterion (0-100)", ""]
-    judges = sorted(judge["judge"].unique())
-    if judge.empty:
+    judges = sorted(judge["judge"].unique().to_list())
+    if judge.is_empty():
         return lines + ["n/a (no judge scores in eval_scores)", ""]
     lines += [
         f"Averaged over judges ({', '.join(judges)}) per dialogue; mean ± std [95% bootstrap CI "
@@ -165,17 +170,17 @@ def _criteria_section(scores, judge, methods, out_dir, plots) -> list[str]:
     lines += ["![criteria](criteria_by_method.png)", ""]
     rows = []
     for m in methods:
-        per_judge = [overall_score(scores[scores["judge"] == j], m) for j in judges]
+        per_judge = [overall_score(scores.filter(pl.col("judge") == j), m) for j in judges]
         rows.append([m] + [_num(v) if v is not None else "n/a (not scored)" for v in per_judge])
     return lines + ["### Overall by judge", ""] + _table(["method"] + judges, rows)
 
 
-def _ablation_section(scores: pd.DataFrame, judge: pd.DataFrame, per: pd.DataFrame) -> list[str]:
+def _ablation_section(scores: pl.DataFrame, judge: pl.DataFrame, per: pl.DataFrame) -> list[str]:
     lines = [
         "## Ablations: MASCOT vs MASCOT-P (no persona grounding) vs MASCOT-C (random order)",
         "",
     ]
-    present = [m for m in ABLATIONS if m in set(judge["method"])]
+    present = [m for m in ABLATIONS if m in set(judge["method"].to_list())]
     if "mascot" not in present:
         return lines + ["n/a (no judge scores for method mascot)", ""]
     missing = [m for m in ABLATIONS if m not in present]
@@ -208,75 +213,82 @@ def _ablation_section(scores: pd.DataFrame, judge: pd.DataFrame, per: pd.DataFra
 
 def _mbti_section(per, dialogues, methods, out_dir, plots) -> list[str]:
     lines = ["## Overall score by simulated user profile (MBTI)", ""]
-    if per.empty or "user_profile" not in dialogues.columns:
+    if per.is_empty() or "user_profile" not in dialogues.columns:
         return lines + ["n/a (no judge scores or no user_profile column)", ""]
-    per = per.merge(
-        dialogues[["dialogue_id", "user_profile"]], on="dialogue_id", how="inner"
-    ).dropna(subset=["user_profile"])
-    if per.empty:
+    profiles = dialogues.select(pl.col("dialogue_id").cast(pl.String),
+                                pl.col("user_profile").cast(pl.String))
+    per = per.join(profiles, on="dialogue_id", how="inner").drop_nulls("user_profile")
+    if per.is_empty():
         return lines + ["n/a (no scored dialogue has a user profile; meeting mode has none)", ""]
-    grid = per.pivot_table(index="method", columns="user_profile", values="overall", aggfunc="mean")
-    grid = grid.reindex([m for m in methods if m in grid.index])
+    # methods in report order, profiles a-z; a pair without dialogues is null (NaN in the grid)
+    types = sorted(per["user_profile"].unique().to_list())
+    wide = per.pivot(on="user_profile", index="method", values="overall", aggregate_function="mean")
+    order = [m for m in methods if m in set(wide["method"].to_list())]
+    wide = (pl.DataFrame({"method": order}, schema={"method": pl.String})
+            .join(wide, on="method", how="left", maintain_order="left").select("method", *types))
+    grid = wide.select(types).to_numpy().astype(float)
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(max(6, 0.7 * grid.shape[1] + 2), max(2.5, 0.5 * grid.shape[0] + 1.5)))
     ax = fig.add_subplot()
-    im = ax.imshow(grid.to_numpy(dtype=float), cmap="viridis", vmin=0, vmax=100, aspect="auto")
-    ax.set_xticks(range(grid.shape[1]), grid.columns, rotation=45, ha="right")
-    ax.set_yticks(range(grid.shape[0]), grid.index)
-    for (i, j), v in np.ndenumerate(grid.to_numpy(dtype=float)):
+    im = ax.imshow(grid, cmap="viridis", vmin=0, vmax=100, aspect="auto")
+    ax.set_xticks(range(grid.shape[1]), types, rotation=45, ha="right")
+    ax.set_yticks(range(grid.shape[0]), order)
+    for (i, j), v in np.ndenumerate(grid):
         ax.text(j, i, "" if np.isnan(v) else f"{v:.0f}", ha="center", va="center", fontsize=7)
     fig.colorbar(im, ax=ax, label="overall (0-100)")
     _save(fig, out_dir / "mbti_heatmap.png", plots)
-    rows = [[m] + [_num(v) for v in grid.loc[m]] for m in grid.index]
-    lines += _table(["method"] + [str(c) for c in grid.columns], rows)
+    rows = [[m] + [_num(v) for v in row] for m, row in zip(order, grid.tolist(), strict=True)]
+    lines += _table(["method"] + [str(c) for c in types], rows)
     return lines + ["![mbti](mbti_heatmap.png)", "n/a cells: no scored dialogue for that pair.", ""]
 
 
-def _agreement_section(scores: pd.DataFrame) -> list[str]:
+def _agreement_section(scores: pl.DataFrame) -> list[str]:
     lines = ["## Judge agreement (Spearman rank correlation over shared items)", ""]
-    judges = sorted(set(scores.loc[scores["level"] != "automatic", "judge"]) - {"metric"})
+    judged = scores.filter(pl.col("level").ne_missing("automatic"))
+    judges = sorted(set(judged["judge"].to_list()) - {"metric"})
     if len(judges) < 2:
         only = judges[0] if judges else "none"
         return lines + [f"n/a (needs two judges; only {only} scored)", ""]
     from mascot_dag.lib.judges.agreement import agreement
 
     # items: one dialogue's value at one level and criterion; failed judgments (NULL) left out
-    agr = agreement(scores[scores["level"] != "automatic"], ["method", "dialogue_id", "level"])
+    agr = agreement(judged, ["method", "dialogue_id", "level"])
     rows = [[r["judge_a"], r["judge_b"], r["criterion"], r["n"],
              f"n/a ({r['note']})" if math.isnan(r["rho"]) else f"{r['rho']:.2f}"]
             for r in agr.iter_rows(named=True)]  # fmt: skip
     return lines + _table(["judge A", "judge B", "criterion", "items", "spearman"], rows)
 
 
-def _direction(name: str, rows: pd.DataFrame) -> bool | None:
+def _direction(name: str, rows: pl.DataFrame) -> bool | None:
+    stored = rows["higher_is_better"].drop_nulls().to_list()
     if name in METRICS:
         hib = METRICS[name].higher_is_better
-        stored = {bool(v) for v in rows["higher_is_better"].dropna()}
+        stored = {bool(v) for v in stored}
         if hib is not None and stored and stored != {hib}:
             raise ValueError(
                 f"eval_scores metric {name}: higher_is_better {stored} contradicts "
                 f"metrics.METRICS ({hib}); rewrite those rows from the registry"
             )
         return hib
-    stored = rows["higher_is_better"].dropna()
-    return bool(stored.iloc[0]) if len(stored) else None
+    return bool(stored[0]) if stored else None
 
 
-def _automatic_section(scores: pd.DataFrame, methods: list[str]) -> list[str]:
+def _automatic_section(scores: pl.DataFrame, methods: list[str]) -> list[str]:
     lines = ["## Automatic metrics", ""]
-    auto = scores[scores["level"] == "automatic"]
-    if auto.empty:
+    auto = scores.filter(pl.col("level") == "automatic")
+    if auto.is_empty():
         return lines + ["n/a (no automatic metric rows)", ""]
-    names = [n for n in METRICS if n in set(auto["criterion"])]
-    names += sorted(set(auto["criterion"]) - set(names))
+    criteria = set(auto["criterion"].to_list())
+    names = [n for n in METRICS if n in criteria]
+    names += sorted(criteria - set(names))
     rows = []
     for name in names:
-        sel = auto[auto["criterion"] == name]
+        sel = auto.filter(pl.col("criterion") == name)
         hib = _direction(name, sel)
         cells = []
         for m in methods:
-            vals = sel.loc[sel["method"] == m, "value"].dropna().tolist()
+            vals = sel.filter(pl.col("method") == m)["value"].drop_nulls().to_list()
             centre = METRICS[name].aggregation(vals) if name in METRICS and vals else None
             cells.append(_cell(vals, 3, centre) if vals else "n/a (no values)")
         rows.append([f"{name} {ARROW[hib]}"] + cells)
@@ -325,8 +337,13 @@ def build_report(data: ReportInputs, out_dir: Path) -> ReportResult:
     """Write `report.md` and its PNGs into out_dir; return their paths and the headline numbers."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    scores = data.eval_scores.reindex(columns=SCORE_COLUMNS)
-    dialogues = data.dialogues if data.dialogues is not None else pd.DataFrame()
+    scores = to_polars(data.eval_scores)
+    # the columns the report reads, in that order; an absent one is all null (an empty input has
+    # none); a NaN value (pandas' missing) is a missing value too
+    scores = scores.with_columns(pl.lit(None).alias(c) for c in SCORE_COLUMNS
+                                 if c not in scores.columns).select(SCORE_COLUMNS)
+    scores = scores.with_columns(pl.col("value").cast(pl.Float64).fill_nan(None))
+    dialogues = to_polars(data.dialogues) if data.dialogues is not None else pl.DataFrame()
     data = dataclasses.replace(data, eval_scores=scores, dialogues=dialogues,
                                provenance=data.provenance or {})
     methods = _methods(data, scores)
@@ -342,7 +359,7 @@ def build_report(data: ReportInputs, out_dir: Path) -> ReportResult:
              + PAIRED_NOTE, ""]  # fmt: skip
     rows = []
     for m in methods:
-        vals = per.loc[per["method"] == m, "overall"].tolist()
+        vals = per.filter(pl.col("method") == m)["overall"].to_list()
         delta = "–" if m == "mascot" else diff_cell(paired(items, m))
         rows.append([m, _num(headline[m]), _cell(vals) if vals else "n/a (no judge rows)", delta])
     lines += _table(["method", "overall", "per-dialogue mean ± std [CI] (n)",
@@ -353,7 +370,7 @@ def build_report(data: ReportInputs, out_dir: Path) -> ReportResult:
     lines += _ablation_section(scores, judge, items)
     lines += condition_section(items, data.contexts, methods, rubrics)
     lines += breakdown_section(items, data.contexts, methods, rubrics)
-    published = load_published(data.paper_results) if data.paper_results else None
+    published = published_table(data.paper_results) if data.paper_results else None
     lines += paper_section(items, data.contexts, published, out_dir, plots)
     lines += _mbti_section(per, dialogues, methods, out_dir, plots)
     lines += persona_mbti_section(data.turn_scores, dialogues, out_dir, plots)

@@ -7,6 +7,7 @@ contexts (`stats.paired_cluster_bootstrap`), n = paired contexts, and '*' when t
 and n >= 6 (`stats.MIN_CLUSTERS_FOR_SIGNIFICANCE`).
 Unpaired means of two methods would carry the between-context spread, which dwarfs the method
 effect at our sizes. Numbers are 0-100; inputs are the report's judge rows already on 0-100.
+Frames are polars; missing values are nulls.
 """
 
 from __future__ import annotations
@@ -17,9 +18,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pandas as pd
+import polars as pl
 
 from mascot_dag.lib.champion import pair_methods, with_context
+from mascot_dag.lib.frames import to_polars
 from mascot_dag.lib.stats import paired_cluster_bootstrap, significance_mark
 
 REF = "mascot"
@@ -48,32 +50,35 @@ def item(level: str, criterion: str) -> str:
     return f"{level}/{criterion}"
 
 
-def per_dialogue_items(judge: pd.DataFrame, dialogues: pd.DataFrame | None) -> pd.DataFrame:
-    """One row per scored dialogue: method, dialogue_id, context_id and one column per item:
-    `<level>/<criterion>` (mean over judges), `<level>/overall` (mean of that level's criteria)
-    and `overall` (mean of all criteria: the champion.py recipe, per dialogue)."""
+def per_dialogue_items(judge: pl.DataFrame, dialogues: pl.DataFrame | None) -> pl.DataFrame:
+    """One row per scored dialogue (sorted by method, dialogue_id): method, dialogue_id,
+    context_id and one column per item: `<level>/<criterion>` (mean over judges),
+    `<level>/overall` (mean of that level's criteria) and `overall` (mean of all criteria: the
+    champion.py recipe, per dialogue). A criterion a dialogue was not scored on is null."""
     keys = ["method", "dialogue_id"]
-    if judge.empty:
-        return pd.DataFrame(columns=[*keys, "context_id", OVERALL])
-    crit = judge.groupby([*keys, "level", "criterion"])["value"].mean().reset_index()
-    crit["item"] = crit["level"] + "/" + crit["criterion"]
-    wide = crit.pivot_table(index=keys, columns="item", values="value", aggfunc="mean")
-    levels = crit.groupby([*keys, "level"])["value"].mean().unstack("level")
-    levels.columns = [item(lv, OVERALL) for lv in levels.columns]
-    wide = wide.join(levels)
-    wide[OVERALL] = crit.groupby(keys)["value"].mean()
-    wide = wide.reset_index()
-    wide.columns.name = None
+    if judge.is_empty():
+        return pl.DataFrame(schema={"method": pl.String, "dialogue_id": pl.String,
+                                    "context_id": pl.String, OVERALL: pl.Float64})
+    crit = (judge.group_by(*keys, "level", "criterion").agg(pl.col("value").mean())
+            .with_columns(item=pl.col("level") + "/" + pl.col("criterion")))
+    # columns a-z, as the item names sort; the level and overall means follow
+    wide = crit.pivot(on="item", index=keys, values="value", aggregate_function="mean")
+    wide = wide.select(*keys, *sorted(c for c in wide.columns if c not in keys))
+    levels = (crit.with_columns(item=pl.col("level") + "/" + OVERALL)
+              .pivot(on="item", index=keys, values="value", aggregate_function="mean"))
+    levels = levels.select(*keys, *sorted(c for c in levels.columns if c not in keys))
+    overall = crit.group_by(keys).agg(pl.col("value").mean().alias(OVERALL))
+    wide = wide.join(levels, on=keys).join(overall, on=keys).sort(keys)
     return with_context(wide, dialogues)
 
 
-def paired(per: pd.DataFrame, method: str, column: str = OVERALL, seed: int = 0
+def paired(per: pl.DataFrame, method: str, column: str = OVERALL, seed: int = 0
            ) -> dict[str, float]:
     """paired_cluster_bootstrap of MASCOT − method on `column` (NaN stats when nothing pairs)."""
     if column not in per.columns:
         return paired_cluster_bootstrap([], [])
     pairs = pair_methods(per, REF, method, column)
-    return paired_cluster_bootstrap(pairs["context_id"].tolist(), pairs["diff"].tolist(),
+    return paired_cluster_bootstrap(pairs["context_id"].to_list(), pairs["diff"].to_list(),
                                     n=N_BOOT, seed=seed)
 
 
@@ -88,17 +93,17 @@ def diff_cell(r: dict[str, float], digits: int = 1) -> str:
             f"(n={int(r['n_clusters'])})")
 
 
-def _items(per: pd.DataFrame, level: str, rubric: Iterable[str]) -> list[str]:
+def _items(per: pl.DataFrame, level: str, rubric: Iterable[str]) -> list[str]:
     found = {c.split("/", 1)[1] for c in per.columns if c.startswith(f"{level}/")} - {OVERALL}
     return [c for c in rubric if c in found] + sorted(found - set(rubric))
 
 
-def paired_section(per: pd.DataFrame, methods: list[str], rubrics: dict[str, Iterable[str]]
+def paired_section(per: pl.DataFrame, methods: list[str], rubrics: dict[str, Iterable[str]]
                    ) -> list[str]:
     """Δ to MASCOT per method: overall and every criterion."""
     lines = ["## Paired differences to MASCOT", "", PAIRED_NOTE, ""]
     others = [m for m in methods if m != REF]
-    if per.empty or REF not in set(per["method"]):
+    if per.is_empty() or REF not in set(per["method"].to_list()):
         return lines + [f"n/a (no judge scores for method {REF})", ""]
     if not others:
         return lines + ["n/a (no other method)", ""]
@@ -107,38 +112,39 @@ def paired_section(per: pd.DataFrame, methods: list[str], rubrics: dict[str, Ite
     return lines + md_table(["method"] + cols, rows)
 
 
-def context_groups(per: pd.DataFrame, contexts: pd.DataFrame | None) -> pd.Series:
-    """Breakdown label per row of `per`: 'ED <valence>' or 'QMSum <domain>' (NaN if unknown)."""
-    if contexts is None or contexts.empty or "context_id" not in contexts.columns:
-        return pd.Series(np.nan, index=per.index, dtype=object)
-    ctx = contexts.set_index("context_id")
-    label = {}
-    for cid, r in ctx.iterrows():
-        if r.get("source") == "empatheticdialogues" and isinstance(r.get("valence"), str):
-            label[cid] = f"ED {r['valence']}"
-        elif r.get("source") == "qmsum" and isinstance(r.get("domain"), str):
-            label[cid] = f"QMSum {r['domain']}"
-    return per["context_id"].map(label)
+def context_groups(per: pl.DataFrame, contexts: pl.DataFrame | None) -> pl.Series:
+    """Breakdown label per row of `per`: 'ED <valence>' or 'QMSum <domain>' (null if unknown)."""
+    label: dict[str, str] = {}
+    if contexts is not None:
+        contexts = to_polars(contexts)
+        rows = contexts.iter_rows(named=True) if "context_id" in contexts.columns else []
+        for r in rows:
+            if r.get("source") == "empatheticdialogues" and isinstance(r.get("valence"), str):
+                label[r["context_id"]] = f"ED {r['valence']}"
+            elif r.get("source") == "qmsum" and isinstance(r.get("domain"), str):
+                label[r["context_id"]] = f"QMSum {r['domain']}"
+    return pl.Series("group", [label.get(c) for c in per["context_id"].to_list()],
+                     dtype=pl.String)
 
 
 GROUP_ORDER = ["ED positive", "ED negative", "ED neutral", "QMSum academic", "QMSum committee",
                "QMSum product"]
 
 
-def breakdown_section(per: pd.DataFrame, contexts: pd.DataFrame | None, methods: list[str],
+def breakdown_section(per: pl.DataFrame, contexts: pl.DataFrame | None, methods: list[str],
                       rubrics: dict[str, Iterable[str]]) -> list[str]:
     """The paper's layout: per ED valence and per QMSum domain, one table per level."""
     lines = ["## By ED valence and QMSum domain", ""]
-    if per.empty:
+    if per.is_empty():
         return lines + ["n/a (no judge scores)", ""]
     groups = context_groups(per, contexts)
-    if groups.isna().all():
+    if groups.null_count() == len(groups):
         return lines + ["n/a (no context metadata: contexts table with source, valence, domain)",
                         ""]
     lines += ["Cells: mean over dialogues (0-100). Last column: " + PAIRED_NOTE, ""]
-    found = set(groups.dropna())
+    found = set(groups.drop_nulls().to_list())
     for g in [x for x in GROUP_ORDER if x in found] + sorted(found - set(GROUP_ORDER)):
-        sub = per[groups == g]
+        sub = per.filter(groups == g)
         for level, rubric in rubrics.items():
             crits = _items(sub, level, rubric)
             if not crits:
@@ -146,55 +152,61 @@ def breakdown_section(per: pd.DataFrame, contexts: pd.DataFrame | None, methods:
             cols = [item(level, c) for c in crits] + [item(level, OVERALL)]
             rows = []
             for m in methods:
-                mine = sub[sub["method"] == m]
-                if mine.empty:
+                mine = sub.filter(pl.col("method") == m)
+                if mine.is_empty():
                     continue
                 cells = [_mean(mine[c]) for c in cols]
                 delta = "–" if m == REF else diff_cell(paired(sub, m, item(level, OVERALL)))
-                rows.append([m, len(mine)] + cells + [delta])
+                rows.append([m, mine.height] + cells + [delta])
             lines += [f"### {g}: {level}-level", ""]
             lines += md_table(["method", "dialogues"] + crits + [OVERALL, f"Δ {level} overall"],
                               rows)
     return lines
 
 
-def _mean(col: pd.Series) -> str:
-    vals = col.dropna()
+def _values(col: pl.Series) -> np.ndarray:
+    """The column's values without missing ones (null, or NaN from a float input)."""
+    vals = col.cast(pl.Float64).drop_nulls().to_numpy()
+    return vals[~np.isnan(vals)]
+
+
+def _mean(col: pl.Series) -> str:
+    vals = _values(col)
     return f"{vals.mean():.1f}" if len(vals) else "n/a"
 
 
-def paper_section(per: pd.DataFrame, contexts: pd.DataFrame | None, published: pd.DataFrame | None,
+def paper_section(per: pl.DataFrame, contexts: pl.DataFrame | None, published: pl.DataFrame | None,
                   out_dir: Path, plots: list[Path]) -> list[str]:
     """Our level-overall scores on ED beside the paper's published ones, per valence and pooled."""
     lines = ["## Beside the paper (EmpatheticDialogues, overall per level, 0-100)", ""]
-    if published is None or published.empty:
+    if published is None or published.is_empty():
         return lines + ["n/a (no published results file)", ""]
-    pub = published[(published["criterion"] == OVERALL)
-                     & (published["dataset"] == "empatheticdialogues")]
-    groups = context_groups(per, contexts).astype(object)
-    is_ed = groups.map(lambda g: isinstance(g, str) and g.startswith("ED "))
-    ours = per[is_ed].assign(split=groups[is_ed].map(lambda g: g.removeprefix("ED ")))
-    if ours.empty:
+    pub = published.filter((pl.col("criterion") == OVERALL)
+                           & (pl.col("dataset") == "empatheticdialogues"))
+    groups = context_groups(per, contexts)
+    is_ed = groups.str.starts_with("ED ").fill_null(False)
+    ours = per.filter(is_ed).with_columns(split=groups.filter(is_ed).str.strip_prefix("ED "))
+    if ours.is_empty():
         return lines + ["n/a (no scored EmpatheticDialogues dialogue with context metadata)", ""]
     lines += ["Paper: GPT-class LLM judge (published figures); ours: this run's judges. Levels "
               "differ by judge; compare directions (which method leads), not absolute values.", ""]
-    splits = [v for v in ("positive", "negative", "neutral") if v in set(pub["split"])]
+    splits = [v for v in ("positive", "negative", "neutral") if v in set(pub["split"].to_list())]
     rows, bars = [], {}
     for level in ("agent", "collective"):
         col = item(level, OVERALL)
-        for m in pub["method"].unique():
-            p = pub[(pub["level"] == level) & (pub["method"] == m)]
-            if p.empty:
+        for m in pub["method"].unique(maintain_order=True).to_list():
+            p = pub.filter((pl.col("level") == level) & (pl.col("method") == m))
+            if p.is_empty():
                 continue
-            mine = ours[ours["method"] == m] if col in ours.columns else ours.iloc[0:0]
+            mine = ours.filter(pl.col("method") == m) if col in ours.columns else ours.head(0)
             row = [level, m]
             for split in splits:
-                score = p.loc[p["split"] == split, "score_0_100"]
-                vals = mine.loc[mine["split"] == split, col].dropna() if len(mine) else []
-                row += [f"{float(score.iloc[0]):.1f}" if len(score) else "n/a (not published)",
+                score = p.filter(pl.col("split") == split)["score_0_100"]
+                vals = _values(mine.filter(pl.col("split") == split)[col]) if mine.height else []
+                row += [f"{float(score[0]):.1f}" if len(score) else "n/a (not published)",
                         f"{np.mean(vals):.1f} (n={len(vals)})" if len(vals) else "n/a"]
             rows.append(row)
-            pooled = mine[col].dropna() if len(mine) else []
+            pooled = _values(mine[col]) if mine.height else []
             bars[(level, m)] = (float(p["score_0_100"].mean()),
                                 float(np.mean(pooled)) if len(pooled) else np.nan)
     header = ["level", "method"] + [f"{v} {w}" for v in splits for w in ("paper", "ours (n)")]

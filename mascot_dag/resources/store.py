@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 import dagster as dg
-import pandas as pd
 import polars as pl
 from pydantic import Field
 
@@ -16,8 +15,8 @@ from mascot_dag.lib.home import Home
 class DuckDBStore(dg.ConfigurableResource):
     """Every asset writes its table through `replace`: one transaction per asset or partition.
 
-    Writes take polars DataFrames (pandas still accepted, converted through Arrow); `frame` reads
-    into polars, `query` into pandas for the modules not yet migrated (docs/DESIGN.md)."""
+    Writes take polars DataFrames (a pandas one, e.g. a test fixture, is converted through
+    Arrow); `frame` reads into polars (docs/DESIGN.md "Dataframes")."""
 
     path: str = Field(
         default="",
@@ -41,9 +40,6 @@ class DuckDBStore(dg.ConfigurableResource):
 
     def upsert(self, table: str, rows: db.Frame) -> int:
         return db.upsert_rows(self.db_path, table, rows)
-
-    def query(self, sql: str, params: list[Any] | dict | None = None) -> pd.DataFrame:
-        return db.query(self.db_path, sql, params)
 
     def frame(self, sql: str, params: list[Any] | dict | None = None) -> pl.DataFrame:
         return db.query_pl(self.db_path, sql, params)
