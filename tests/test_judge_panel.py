@@ -223,7 +223,7 @@ def test_panel_of_embedded_and_served_llm_judge(home, served_model):
     for k, s in enumerate(mean.score_blocks(block)[0]):
         oks = [p[k].score for p in per if p[k].status == "ok"]
         assert s.status == "ok" and s.score == pytest.approx(sum(oks) / len(oks))
-    llm_rows = scores[scores.judge == "llm"]
+    llm_rows = scores.filter(pl.col("judge") == "llm")
     print(f"\npanel eval: {len(both)} items scored by both judges of {len(wide)}; LLM judge "
-          f"valid judgments {llm_rows.value.notna().sum()}/{len(llm_rows)}; "
+          f"valid judgments {llm_rows['value'].is_not_null().sum()}/{len(llm_rows)}; "
           f"{time.monotonic() - t0:.0f}s\n{agreement_markdown(agr)}")
