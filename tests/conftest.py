@@ -96,6 +96,25 @@ def stop_group(proc, timeout_s: float = 20.0) -> None:
         pass
 
 
+def wait_healthy(url: str, proc, timeout_s: float, what: str, output=lambda: "") -> None:
+    """Poll `url` until it answers 200; fail naming `what` (and its `output()`) when `proc` exits
+    or `timeout_s` passes."""
+    import time
+    import urllib.request
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if proc.poll() is not None or time.monotonic() > deadline:
+            pytest.fail(f"{what} did not answer {url} (exit code {proc.poll()}):\n"
+                        f"{output()[-3000:]}")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.3)
+
+
 @contextlib.contextmanager
 def mascot_serve(*args: str, env: dict | None = None, timeout_s: float = 180.0):
     """`mascot serve ARGS` on a free loopback port, in its own process group; yields its base
@@ -105,7 +124,6 @@ def mascot_serve(*args: str, env: dict | None = None, timeout_s: float = 180.0):
     import sys
     import threading
     import time
-    import urllib.request
 
     port = free_port()
     cmd = [str(Path(sys.executable).with_name("mascot")), "serve", *args,
@@ -115,20 +133,14 @@ def mascot_serve(*args: str, env: dict | None = None, timeout_s: float = 180.0):
     lines: queue.Queue[str] = queue.Queue()
     threading.Thread(target=lambda: [lines.put(x) for x in proc.stdout], daemon=True).start()
     url, seen = f"http://127.0.0.1:{port}", []
+
+    def output() -> str:
+        while not lines.empty():
+            seen.append(lines.get())
+        return "".join(seen)
+
     try:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            while not lines.empty():
-                seen.append(lines.get())
-            if proc.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"mascot serve did not answer /health (exit code {proc.poll()}):\n"
-                            f"{''.join(seen)[-3000:]}")
-            try:
-                with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                time.sleep(0.3)
+        wait_healthy(f"{url}/health", proc, timeout_s, "mascot serve", output)
         time.sleep(0.2)
         while not lines.empty():
             seen.append(lines.get())

@@ -12,7 +12,6 @@ import os
 import subprocess
 import sys
 import threading
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -22,7 +21,7 @@ import numpy as np
 import pandas as pd
 import polars as pl
 import pytest
-from conftest import free_port, stop_group
+from conftest import free_port, stop_group, wait_healthy
 
 from mascot_dag.lib import db
 from mascot_dag.lib import human as H
@@ -286,17 +285,8 @@ def server(tmp_path_factory):
                                  str(port)], env=env, stdout=out, stderr=subprocess.STDOUT,
                                 start_new_session=True)
     base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
     try:
-        while True:
-            assert proc.poll() is None, f"mascot rate exited:\n{log.read_text()}"
-            assert time.monotonic() < deadline, f"mascot rate not up:\n{log.read_text()}"
-            try:
-                with urllib.request.urlopen(f"{base}/healthz", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                time.sleep(0.3)
+        wait_healthy(f"{base}/healthz", proc, 60, "mascot rate", log.read_text)
         yield base, home / "mascot.duckdb"
     finally:  # stopped by its own process group (start_new_session), never by name
         stop_group(proc)
