@@ -78,11 +78,22 @@ def eval_dialogues(
     Partition `champion`: the `mascot` recipe with the versions under the MLflow alias `champion`;
     no dialogues while no champion exists (the gate then compares against zero_shot)."""
     specs = eval_specs(store, settings)
+    persona_ids = [c.persona_id for c in rosters(store)["support"]]
+    attached: dict = {}  # alias -> (personas, versions, director, version): one lookup per alias
+
+    def models(alias: str | None) -> tuple:
+        if alias not in attached:
+            attached[alias] = (*attach_personas(chat, tracking, persona_ids, alias),
+                               *attach(chat, tracking, DIRECTOR_MODEL, alias))
+        return attached[alias]
+
     per_method, failed = {}, {}
     for method in context.partition_keys:
         t0 = time.monotonic()
         try:
-            per_method[method] = _eval_method(method, specs, store, chat, tracking, settings)
+            per_method[method] = _eval_method(method, specs, store, chat, tracking, settings,
+                                              models("champion" if method == gate.CHAMPION
+                                                     else None))
         except Exception as exc:  # the other methods still run; the step fails at the end
             context.log.error(f"eval_dialogues [{method}] failed: {exc!r}")
             failed[method] = exc
@@ -106,12 +117,10 @@ def eval_dialogues(
 
 
 def _eval_method(method: str, specs, store: DuckDBStore, chat: ChatModelResource,
-                 tracking: MLflowResource, settings: LineageSettings) -> dict:
-    """Run and store one method's eval dialogues; its metadata ("table": the per-run preview)."""
-    persona_ids = [c.persona_id for c in rosters(store)["support"]]
-    alias = "champion" if method == gate.CHAMPION else None
-    adapters, versions = attach_personas(chat, tracking, persona_ids, alias)
-    director, director_version = attach(chat, tracking, DIRECTOR_MODEL, alias)
+                 tracking: MLflowResource, settings: LineageSettings, models: tuple) -> dict:
+    """Run and store one method's eval dialogues with the attached `models` (persona adapters,
+    their versions, director, its version); its metadata ("table": the per-run preview)."""
+    adapters, versions, director, director_version = models
     sft = attach_policy_sft(chat, tracking, "the sft baseline") if method == "sft" else None
     if method == gate.CHAMPION:
         # the director's alias marks a champion (apply_gate moves it with the personas')

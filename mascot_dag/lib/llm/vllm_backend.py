@@ -30,25 +30,15 @@ def vllm_available() -> bool:
 
 def structured_kwargs(json_schema: str | None) -> dict[str, Any]:
     """SamplingParams keywords that make vLLM enforce a JSON schema: `structured_outputs=
-    StructuredOutputsParams(json=...)` (vLLM >= 0.10.2; the only way since 0.12), or the older
-    `guided_decoding=GuidedDecodingParams(json=...)`. Empty without a schema."""
+    StructuredOutputsParams(json=...)` (the pinned vllm 0.31; the only form since 0.12). Empty
+    without a schema."""
     if json_schema is None:
         return {}
     import json
 
-    schema = json.loads(json_schema)
-    try:
-        from vllm.sampling_params import StructuredOutputsParams
-    except ImportError:
-        try:
-            from vllm.sampling_params import GuidedDecodingParams
-        except ImportError as exc:
-            raise ChatBackendError(
-                "this vLLM has neither StructuredOutputsParams nor GuidedDecodingParams: "
-                "upgrade vllm to use json_schema requests"
-            ) from exc
-        return {"guided_decoding": GuidedDecodingParams(json=schema)}
-    return {"structured_outputs": StructuredOutputsParams(json=schema)}
+    from vllm.sampling_params import StructuredOutputsParams
+
+    return {"structured_outputs": StructuredOutputsParams(json=json.loads(json_schema))}
 
 
 class VLLMChat:
