@@ -29,6 +29,9 @@ def demo(
     missing_only: bool = typer.Option(
         False, "--missing-only",
         help="Only asset partitions that are missing, failed or older than an upstream."),
+    set_: list[str] = typer.Option(
+        [], "--set", help="KEY=VALUE of a lineage setting over the profile's (repeatable; "
+        "VALUE as JSON when it parses), e.g. --set probe_blocking=false --set eval_contexts=8"),
 ) -> None:
     """Materialise the whole lineage (asset runs in the Dagster instance) and say where it is."""
     from mascot_dag.lib.quiet import quiet_libraries
@@ -42,8 +45,14 @@ def demo(
     import dagster as dg
 
     from mascot_dag.pipeline import StepResult, run_lineage
-    from mascot_dag.profiles import resources_for
+    from mascot_dag.profiles import override_settings, resources_for
 
+    resources = resources_for()
+    try:
+        resources["settings"] = override_settings(resources["settings"], set_)
+    except ValueError as exc:
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(2) from None
     t0 = time.monotonic()
     typer.echo(f"Whole lineage, profile {os.environ.get('MASCOT_PROFILE', 'embedded')}: one asset "
                "run per step, recorded in the Dagster instance (make dev shows them).", err=True)
@@ -56,7 +65,7 @@ def demo(
             typer.echo("    " + e.strip().splitlines()[-1][:300], err=True)
 
     with dg.DagsterInstance.get() as instance:
-        results = run_lineage(resources_for(), instance=instance, on_step=progress,
+        results = run_lineage(resources, instance=instance, on_step=progress,
                               missing_only=missing_only)
     failed = [r for r in results if not r.success]
     typer.echo(f"\nLineage finished in {time.monotonic() - t0:.0f} s ({len(results)} runs"

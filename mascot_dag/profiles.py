@@ -78,6 +78,38 @@ def settings_for(name: str):
     return LineageSettings()
 
 
+def override_settings(settings, assignments: list[str]):
+    """`settings` with KEY=VALUE assignments applied (`mascot demo --set`): VALUE is JSON when it
+    parses (32, false, ["neutral"]), else a plain string. An unknown key or a value of the wrong
+    type is a ValueError naming the assignment, before anything runs."""
+    import json
+
+    import pydantic
+
+    fields = type(settings).model_fields
+    values = {}
+    for text in assignments:
+        key, sep, raw = text.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise ValueError(f"--set {text!r}: expected KEY=VALUE")
+        if key not in fields:
+            near = [f for f in fields if key.split("_")[0] in f][:5]
+            raise ValueError(f"--set {text!r}: no setting {key!r}"
+                             + (f" (did you mean {', '.join(near)}?)" if near else ""))
+        try:
+            values[key] = json.loads(raw)
+        except json.JSONDecodeError:
+            values[key] = raw
+    if not values:
+        return settings
+    try:
+        return type(settings)(**{**settings.model_dump(), **values})
+    except pydantic.ValidationError as exc:
+        bad = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        raise ValueError(f"--set: {bad}") from None
+
+
 def resources_for(name: str | None = None) -> dict:
     """The resource set of a profile (built lazily: nothing loads a model here)."""
     from mascot_dag.resources.llm import TransformersChatResource, VLLMChatResource

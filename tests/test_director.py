@@ -12,13 +12,16 @@ from mascot_dag.lib.director import (
     HISTORY_TURNS,
     MAX_ACTION_CHARS,
     MAX_TONE_CHARS,
+    SCHEMA_ACTION_CHARS,
     Directive,
     DirectiveError,
+    DirectorTurn,
     choose_directive,
     director_messages,
     fallback_speaker,
     parse_directive,
 )
+from mascot_dag.lib.llm.structured import compile_schema
 from mascot_dag.lib.personas import load_personas, personas_of_set
 
 CARDS = load_personas()
@@ -159,6 +162,37 @@ def test_messages_show_roster_context_and_truncated_history():
     assert "I lost my job today." in text
     assert "turn-3" not in text and f"turn-{HISTORY_TURNS + 3}" in text
     assert 'Do not choose "anchor"' in text and "JSON" in text
+
+
+def test_worked_example_names_the_least_used_allowed_speaker():
+    # the 135M director copies the example's speaker: the example follows the fallback rule
+    history = [{"speaker": "user", "text": "hi"}, {"speaker": "anchor", "text": "a"},
+               {"speaker": "catalyst", "text": "b"}, {"speaker": "user", "text": "c"}]
+    for avoid in ("catalyst", None):
+        msgs = director_messages("ctx", SUPPORT, history, "support", avoid)
+        example = json.loads(msgs[2]["content"])
+        assert example["speaker"] == fallback_speaker(SUPPORT, history, len(history), avoid,
+                                                      avoid is not None)
+        assert example["speaker"] in {"beacon", "action_guide"}  # nobody used twice first
+
+
+def test_structured_directive_schema_allows_only_valid_speakers():
+    turn = DirectorTurn("ctx", SUPPORT, [{"speaker": "anchor", "text": "a"}], "support", 1,
+                        last_speaker="anchor", structured=True)
+    schema = json.loads(turn.json_schema())
+    assert schema["properties"]["speaker"]["enum"] == [i for i in IDS if i != "anchor"]
+    template = compile_schema(schema)
+    # json.dumps of any allowed directive is exactly what the constrained backend can write
+    ok = json.dumps({"speaker": "beacon", "action": "name a strength", "tone": "warm"})
+    assert template.pattern().fullmatch(ok) and parse_directive(ok, SUPPORT).speaker == "beacon"
+    for bad in (_obj("anchor"), json.dumps({"speaker": "beacon", "action": "x" *
+                                            (SCHEMA_ACTION_CHARS + 1), "tone": "warm"})):
+        assert template.pattern().fullmatch(bad) is None
+    # unconstrained turns send no schema; a repeat-allowed turn offers the whole roster
+    assert DirectorTurn("ctx", SUPPORT, [], "support", 0).json_schema() is None
+    free = DirectorTurn("ctx", SUPPORT, [], "support", 0, "anchor", no_repeat=False,
+                        structured=True)
+    assert json.loads(free.json_schema())["properties"]["speaker"]["enum"] == IDS
 
 
 def _garbage(_messages):

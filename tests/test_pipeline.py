@@ -125,3 +125,28 @@ def test_single_run_asset_takes_only_the_contiguous_ready_range(graph):
     assert walk.done == todo
     one = LineageWalk(graph, {(K("eval_dialogues"), methods[3])}).next_step()
     assert one is not None and one.partition_keys == () and one.partitions == (methods[3],)
+
+
+def test_demo_set_overrides_profile_settings_or_names_the_bad_assignment(tmp_path):
+    from typer.testing import CliRunner
+
+    from mascot_dag.cli import app
+    from mascot_dag.profiles import override_settings, settings_for
+
+    study = settings_for("study")
+    s = override_settings(study, ["probe_blocking=false", "eval_contexts=8",
+                                  'ood_domains=["academic"]', "prompt_style=few_shot"])
+    assert (s.probe_blocking, s.eval_contexts, s.ood_domains, s.prompt_style) == (
+        False, 8, ["academic"], "few_shot")
+    assert s.grpo_steps == study.grpo_steps and study.probe_blocking  # the rest, and no mutation
+    for bad, says in [("nope=1", "no setting 'nope'"), ("grpo_steps=many", "grpo_steps"),
+                      ("eval_contexts", "expected KEY=VALUE")]:
+        with pytest.raises(ValueError, match=says):
+            override_settings(study, [bad])
+    # the CLI refuses before any run starts: exit 2, the assignment named, no run recorded
+    # every variable the command sets is listed, so CliRunner restores it afterwards
+    env = {"MASCOT_HOME": str(tmp_path / "h"), "DAGSTER_HOME": str(tmp_path / "h" / "dagster"),
+           "MASCOT_PROFILE": None}
+    out = CliRunner().invoke(app, ["demo", "--profile", "tiny", "--set", "grpo_stepz=3"], env=env)
+    assert out.exit_code == 2 and "grpo_stepz" in out.output
+    assert not list((tmp_path / "h" / "dagster").glob("history/runs/*"))

@@ -64,6 +64,7 @@ def dialogue_config(settings: LineageSettings, **overrides) -> DialogueConfig:
         max_new_tokens_user=max(16, settings.max_new_tokens - 8),
         prompt_style=settings.prompt_style,
         agents_per_round=settings.agents_per_round,
+        structured_director=settings.director_structured,
     )
     return DialogueConfig(**{**base, **overrides})
 

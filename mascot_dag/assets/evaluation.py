@@ -88,7 +88,7 @@ def eval_dialogues(
         return attached[alias]
 
     per_method, failed = {}, {}
-    for method in context.partition_keys:
+    for method in run_order(context.partition_keys):
         t0 = time.monotonic()
         try:
             per_method[method] = _eval_method(method, specs, store, chat, tracking, settings,
@@ -114,6 +114,14 @@ def eval_dialogues(
         "methods": sorted(per_method),
         **{f"{m}/{k}": v for m, meta in per_method.items() for k, v in meta.items()
            if k != "table"}})
+
+
+def run_order(methods) -> list[str]:
+    """What the champion gate compares runs first (mascot, the champion, zero_shot), then the
+    rest in partition order: a run stopped halfway (hours on 2 CPU cores at the study's sizes)
+    has already stored the comparison that decides promotion."""
+    first = [m for m in (gate.CANDIDATE, gate.CHAMPION, gate.FIRST_RUN_BASELINE) if m in methods]
+    return first + [m for m in methods if m not in first]
 
 
 def _eval_method(method: str, specs, store: DuckDBStore, chat: ChatModelResource,

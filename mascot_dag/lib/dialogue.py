@@ -74,6 +74,9 @@ class DialogueConfig:
     max_new_tokens_agent: int = 48
     # a directive JSON is ~25-45 tokens (base model: mean 30, max 46)
     max_new_tokens_director: int = 48
+    # structured outputs for the director (lib.director.directive_schema): the backend can only
+    # write a directive naming an allowed speaker; False = the prompt alone (the GRPO view)
+    structured_director: bool = True
     max_new_tokens_user: int = 40
     temperature: float = 0.7
     director_temperature: float | None = None  # None = temperature
@@ -296,6 +299,7 @@ def direct_turns(
             len(st.turns),
             st.last_agent,
             config.no_repeat,
+            config.structured_director,
         )
         for st in states
     ]
@@ -313,6 +317,7 @@ def direct_turns(
                     seed=_seed(st.spec.seed, len(st.turns), 10 + attempt),
                 ),
                 config.director_adapter,
+                t.json_schema(),
             )
             for st, t in todo
         ]

@@ -9,6 +9,8 @@ or a name instead of an id, so this module owns the whole contract around that o
   code fences; the speaker may be a persona_id or a persona's name in any case ("The Anchor",
   "anchor"); action and tone must be non-empty strings, truncated to `MAX_ACTION_CHARS` and
   `MAX_TONE_CHARS`. Any other input raises `DirectiveError` saying why; nothing else is raised.
+- `directive_schema`: the same contract as a JSON schema for structured outputs (speaker an enum
+  of the allowed ids); with it the backend can only write a valid directive (see DirectorTurn).
 - `DirectorTurn`: one generation, on failure ONE retry with a repair message naming the error, then
   the FALLBACK (`fallback_speaker`): the allowed speaker used least so far, ties broken by roster
   order rotated by the turn index. A valid but repeated speaker while `no_repeat` is on counts as
@@ -36,6 +38,11 @@ HISTORY_TURN_CHARS = 300  # per turn; keeps the 135M model's prompt (and CPU tim
 CONTEXT_CHARS = 1200
 MAX_ACTION_CHARS = 200
 MAX_TONE_CHARS = 40
+# Structured outputs (`directive_schema`): the constrained action and tone are shorter than the
+# parser's limits so that scaffolding + action + tone fit the director's 48-token budget (the
+# scaffolding `{"speaker": "catalyst", "action": "", "tone": ""}` is ~17 SmolLM2 tokens).
+SCHEMA_ACTION_CHARS = 90
+SCHEMA_TONE_CHARS = 20
 # Bounds that make parsing linear-ish on adversarial input (e.g. a megabyte of "{").
 _SCAN_CHARS = 20_000
 _MAX_OBJECT_STARTS = 200
@@ -101,7 +108,11 @@ def director_messages(
 
     One worked exchange (a made-up context and its JSON answer) precedes the real question: with
     the format only described, SmolLM2-135M wrote a valid directive 0/16 times; with the exchange,
-    12/16 (but it copies the example's speaker, so the example speaker is never `avoid_speaker`).
+    12/16. The 135M model mostly copies the example's speaker (with a fixed example it named the
+    same persona in 12 of 16 structured answers), so the example's speaker is the fallback rule's
+    choice for this history: the least-used allowed speaker, never `avoid_speaker`. An untrained
+    director then rotates through the roster like the fallback, with its own action and tone; a
+    trained one deviates where its reward says so.
     """
     goal = "support a person who is struggling" if mode == "support" else "hold a useful meeting"
     members = "\n".join(f'- "{c.persona_id}": {c.name}, {c.role}' for c in roster)
@@ -116,9 +127,10 @@ def director_messages(
         ]
     )
     messages: list[Message] = [{"role": "system", "content": system}]
-    others = [c for c in roster if c.persona_id != avoid_speaker]
-    if others:
-        ex = others[0]
+    if roster:
+        pid = fallback_speaker(roster, history, len(history), avoid_speaker,
+                               avoid_speaker is not None)
+        ex = next(c for c in roster if c.persona_id == pid)
         first = "user" if mode == "support" else "moderator"
         ex_history = [{"speaker": first, "text": "It has been a hard week and I feel stuck."}]
         answer = {
@@ -132,6 +144,24 @@ def director_messages(
         ]
     messages.append({"role": "user", "content": _ask(context_text, roster, history, avoid_speaker)})
     return messages
+
+
+def directive_schema(roster: list[PersonaCard], avoid_speaker: str | None = None) -> dict:
+    """The JSON schema of a directive for structured outputs: the speaker is an enum of the
+    roster's ids without `avoid_speaker`, so every constrained answer names an allowed speaker;
+    action and tone are bounded strings. `parse_directive` still checks the reply (a server may
+    ignore the schema, and an empty action is possible)."""
+    allowed = [c.persona_id for c in roster if c.persona_id != avoid_speaker]
+    return {
+        "type": "object",
+        "properties": {
+            "speaker": {"type": "string", "enum": allowed or [c.persona_id for c in roster]},
+            "action": {"type": "string", "maxLength": SCHEMA_ACTION_CHARS},
+            "tone": {"type": "string", "maxLength": SCHEMA_TONE_CHARS},
+        },
+        "required": ["speaker", "action", "tone"],
+        "additionalProperties": False,
+    }
 
 
 def _objects(text: str):
@@ -239,6 +269,7 @@ class DirectorTurn:
     turn_idx: int
     last_speaker: str | None = None
     no_repeat: bool = True
+    structured: bool = False  # ask for structured outputs (`json_schema`) with every attempt
     raw_outputs: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     directive: Directive | None = None
@@ -252,6 +283,12 @@ class DirectorTurn:
 
     def pending(self) -> list[Message] | None:
         return None if self.status is not None else list(self._messages)
+
+    def json_schema(self) -> str | None:
+        """The directive schema as JSON text for `ChatRequest.json_schema` (None: unconstrained)."""
+        if not self.structured:
+            return None
+        return json.dumps(directive_schema(self.roster, self._avoid))
 
     def _check(self, raw: str) -> Directive:
         directive = parse_directive(raw, self.roster)
@@ -322,7 +359,8 @@ def choose_directive(
     last_speaker: str | None = None,
     no_repeat: bool = True,
 ) -> DirectorChoice:
-    """One directive for one dialogue: `generate_fn(messages) -> text` is called once or twice."""
+    """One directive for one dialogue: `generate_fn(messages) -> text` is called once or twice
+    (unconstrained: the batched engine, `lib.dialogue.direct_turns`, sends the schema)."""
     turn = DirectorTurn(context_text, roster, history, mode, turn_idx, last_speaker, no_repeat)
     while (messages := turn.pending()) is not None:
         turn.feed(generate_fn(messages))

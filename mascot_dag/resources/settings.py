@@ -134,6 +134,12 @@ class LineageSettings(dg.ConfigurableResource):
         "group judge scores the block: 1 = the directive's turn after N-1 old turns (cheap: "
         "embedded/tiny), block_size = a real N-turn block (study/paper). See docs/DESIGN.md.",
     )
+    director_structured: bool = Field(
+        default=True,
+        description="The director answers through structured outputs (a JSON schema whose "
+        "speaker is an enum of the allowed roster ids): every directive valid on the first try. "
+        "False = the prompt alone, as GRPO samples it (docs/DESIGN.md).",
+    )
     director_learning_rate: float | None = Field(
         default=None, description="Director GRPO learning rate (None = grpo_learning_rate)."
     )
