@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from types import SimpleNamespace
 
 import pandas as pd
@@ -147,6 +148,13 @@ def test_director_training_settings_override_only_the_director():
     own = LineageSettings(director_learning_rate=5e-5, director_lora_targets="q_proj, v_proj")
     gs, lora = director_training(own, 48)
     assert (gs.learning_rate, lora.target_modules) == (5e-5, ("q_proj", "v_proj"))
+    # structured directives: GRPO gets the directive regex (applied on TRL's vLLM path only)
+    pattern = re.compile(gs.structured_regex)
+    for pid in ("anchor", "devils_advocate"):  # one director serves both rosters
+        assert pattern.fullmatch(json.dumps({"speaker": pid, "action": "ask", "tone": "calm"}))
+    assert not pattern.fullmatch(json.dumps({"speaker": "nobody", "action": "a", "tone": "b"}))
+    gs, _ = director_training(LineageSettings(director_structured=False), 48)
+    assert gs.structured_regex is None
 
 
 # ---- real tiny model ----------------------------------------------------------------------------

@@ -17,9 +17,11 @@ from mascot_dag.assets.common import (
 from mascot_dag.assets.feedback import load_roster
 from mascot_dag.assets.registry import DIRECTOR_MODEL, attach_personas
 from mascot_dag.lib.dialogue import DialogueConfig, blocks, run_dialogues
+from mascot_dag.lib.director import directive_pattern
 from mascot_dag.lib.home import Home
 from mascot_dag.lib.judges.agreement import agreement, agreement_markdown
 from mascot_dag.lib.judges.base import BlockItem
+from mascot_dag.lib.personas import load_personas
 from mascot_dag.lib.rollout import build_specs, record_tables, records_from_frames
 from mascot_dag.lib.tables import context_from_row, score_rows
 from mascot_dag.lib.users import load_user_profiles
@@ -167,6 +169,8 @@ def director_training(settings: LineageSettings, max_completion_length: int):
     gs = replace(grpo_settings(settings, max_completion_length), max_steps=settings.director_steps)
     if settings.director_learning_rate is not None:
         gs = replace(gs, learning_rate=settings.director_learning_rate)
+    if settings.director_structured:
+        gs = replace(gs, structured_regex=directive_pattern(load_personas()))
     lora = lora_settings(settings)
     if settings.director_lora_targets:
         targets = tuple(t.strip() for t in settings.director_lora_targets.split(",") if t.strip())

@@ -164,6 +164,14 @@ def directive_schema(roster: list[PersonaCard], avoid_speaker: str | None = None
     }
 
 
+def directive_pattern(cards: list[PersonaCard]) -> str:
+    """A regex of every structured directive naming any of `cards` (both rosters: one director
+    serves them all), for samplers that take a regex (TRL's vLLM structured outputs)."""
+    from mascot_dag.lib.llm.structured import compile_schema
+
+    return compile_schema(directive_schema(cards)).pattern().pattern
+
+
 def _objects(text: str):
     """Yield JSON objects (dicts) that start at successive '{' in text, left to right."""
     decoder = json.JSONDecoder()

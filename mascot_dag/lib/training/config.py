@@ -177,6 +177,13 @@ class GRPOSettings(_TrainSettings):
     use_vllm: bool = field(
         default=False, metadata={"help": "Generate with vLLM (GPU machines with the gpu extra)."}
     )
+    structured_regex: str | None = field(
+        default=None,
+        metadata={"help": "Completions must match this regex (vLLM structured outputs, so only "
+                  "with use_vllm: TRL's transformers generation takes no logits processor, and "
+                  "on CPU the completions stay unconstrained). The director sets its directive "
+                  "schema's pattern, so on a GPU it trains on the constrained outputs it serves."},
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -132,6 +132,8 @@ def train_grpo_adapter(
         top_p=settings.top_p,
         reward_weights=list(reward_weights) if reward_weights is not None else None,
         use_vllm=settings.use_vllm,
+        # constrained sampling exists only on TRL's vLLM path (see GRPOSettings.structured_regex)
+        vllm_structured_outputs_regex=settings.structured_regex if settings.use_vllm else None,
     )
     timer = StepTimer()
     # float32 weights on CPU; bf16 weights (LoRA stays float32) when training in bf16 on a GPU.
