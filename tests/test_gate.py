@@ -197,3 +197,13 @@ def test_leftover_champion_dialogues_of_an_old_champion_are_not_compared(tmp_pat
     champion_ran_with(v2)
     assert len(current_champion_scores(store, tracking, scores)) == len(scores)
     assert gate_decision(current_champion_scores(store, tracking, scores), True).promote
+
+
+def test_eval_run_stores_the_gates_comparison_first():
+    from mascot_dag.assets.evaluation import method_partitions, run_order
+
+    keys = method_partitions.get_partition_keys()
+    order = run_order(keys)
+    assert order[:3] == ["mascot", "champion", "zero_shot"] and sorted(order) == sorted(keys)
+    # a range without them keeps its partition order
+    assert run_order(["sft", "few_shot", "mascot_c"]) == ["sft", "few_shot", "mascot_c"]
