@@ -188,6 +188,11 @@ def test_structured_directive_schema_allows_only_valid_speakers():
     for bad in (_obj("anchor"), json.dumps({"speaker": "beacon", "action": "x" *
                                             (SCHEMA_ACTION_CHARS + 1), "tone": "warm"})):
         assert template.pattern().fullmatch(bad) is None
+    # the longest allowed directive fits the turn's budget (a 48-token cap cut long actions)
+    longest = json.dumps({"speaker": "action_guide", "action": "x" * SCHEMA_ACTION_CHARS,
+                          "tone": "y" * 20})
+    assert template.pattern().fullmatch(longest) and turn.max_new_tokens(48) >= len(longest)
+    assert DirectorTurn("ctx", SUPPORT, [], "support", 0).max_new_tokens(48) == 48
     # unconstrained turns send no schema; a repeat-allowed turn offers the whole roster
     assert DirectorTurn("ctx", SUPPORT, [], "support", 0).json_schema() is None
     free = DirectorTurn("ctx", SUPPORT, [], "support", 0, "anchor", no_repeat=False,

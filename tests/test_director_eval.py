@@ -140,20 +140,22 @@ def test_summary_pairs_units_and_clusters_by_context():
 
 def test_director_training_settings_override_only_the_director():
     from mascot_dag.assets.collaboration import director_training
+    from mascot_dag.lib.personas import load_personas
     from mascot_dag.resources.settings import LineageSettings
 
+    cards = load_personas()
     shared = LineageSettings(director_steps=3)
-    gs, lora = director_training(shared, 48)
+    gs, lora = director_training(shared, 48, cards)
     assert (gs.learning_rate, gs.max_steps, lora.target_modules) == (3e-4, 3, ("all-linear",))
     own = LineageSettings(director_learning_rate=5e-5, director_lora_targets="q_proj, v_proj")
-    gs, lora = director_training(own, 48)
+    gs, lora = director_training(own, 48, cards)
     assert (gs.learning_rate, lora.target_modules) == (5e-5, ("q_proj", "v_proj"))
     # structured directives: GRPO gets the directive regex (applied on TRL's vLLM path only)
     pattern = re.compile(gs.structured_regex)
     for pid in ("anchor", "devils_advocate"):  # one director serves both rosters
         assert pattern.fullmatch(json.dumps({"speaker": pid, "action": "ask", "tone": "calm"}))
     assert not pattern.fullmatch(json.dumps({"speaker": "nobody", "action": "a", "tone": "b"}))
-    gs, _ = director_training(LineageSettings(director_structured=False), 48)
+    gs, _ = director_training(LineageSettings(director_structured=False), 48, cards)
     assert gs.structured_regex is None
 
 

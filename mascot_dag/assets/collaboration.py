@@ -21,7 +21,6 @@ from mascot_dag.lib.director import directive_pattern
 from mascot_dag.lib.home import Home
 from mascot_dag.lib.judges.agreement import agreement, agreement_markdown
 from mascot_dag.lib.judges.base import BlockItem
-from mascot_dag.lib.personas import load_personas
 from mascot_dag.lib.rollout import build_specs, record_tables, records_from_frames
 from mascot_dag.lib.tables import context_from_row, score_rows
 from mascot_dag.lib.users import load_user_profiles
@@ -160,17 +159,18 @@ def group_judgments(
     ))
 
 
-def director_training(settings: LineageSettings, max_completion_length: int):
+def director_training(settings: LineageSettings, max_completion_length: int, cards: list):
     """(GRPOSettings, LoraSettings) of the director: the persona GRPO's, with director_steps and
     the director's own learning rate / LoRA targets where set (None = shared with the personas).
-    The directive budget is the one it has in dialogues."""
+    The directive budget is the one it has in dialogues; `cards` (every roster it directs, from
+    the store) are the speakers its structured-output regex allows."""
     from mascot_dag.assets.alignment import grpo_settings, lora_settings
 
     gs = replace(grpo_settings(settings, max_completion_length), max_steps=settings.director_steps)
     if settings.director_learning_rate is not None:
         gs = replace(gs, learning_rate=settings.director_learning_rate)
     if settings.director_structured:
-        gs = replace(gs, structured_regex=directive_pattern(load_personas()))
+        gs = replace(gs, structured_regex=directive_pattern(cards))
     lora = lora_settings(settings)
     if settings.director_lora_targets:
         targets = tuple(t.strip() for t in settings.director_lora_targets.split(",") if t.strip())
@@ -218,7 +218,8 @@ def director_adapter(
                                 settings.block_size, horizon),
                DirectiveFormatReward(states, config.no_repeat)]
     weights = [1.0, settings.format_reward_weight]
-    gs, lora = director_training(settings, config.max_new_tokens_director)
+    gs, lora = director_training(settings, config.max_new_tokens_director,
+                                 roster["support"] + roster["workplace"])
     base = base_model_path(chat)
     prompts = [s.messages for s in states]
     out = Home.from_env().checkpoints / "director_adapter" / fingerprint(

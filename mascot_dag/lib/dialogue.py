@@ -312,7 +312,7 @@ def direct_turns(
             ChatRequest(
                 tuple(t.pending() or ()),
                 SamplingParams(
-                    config.max_new_tokens_director,
+                    t.max_new_tokens(config.max_new_tokens_director),
                     temperature,
                     seed=_seed(st.spec.seed, len(st.turns), 10 + attempt),
                 ),

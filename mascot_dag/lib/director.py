@@ -30,6 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
+from mascot_dag.lib.llm.structured import compile_schema
 from mascot_dag.lib.personas import PersonaCard
 from mascot_dag.lib.types import Message
 
@@ -38,9 +39,10 @@ HISTORY_TURN_CHARS = 300  # per turn; keeps the 135M model's prompt (and CPU tim
 CONTEXT_CHARS = 1200
 MAX_ACTION_CHARS = 200
 MAX_TONE_CHARS = 40
-# Structured outputs (`directive_schema`): the constrained action and tone are shorter than the
-# parser's limits so that scaffolding + action + tone fit the director's 48-token budget (the
-# scaffolding `{"speaker": "catalyst", "action": "", "tone": ""}` is ~17 SmolLM2 tokens).
+# Structured outputs (`directive_schema`): the constrained action and tone, shorter than the
+# parser's limits. A constrained reply ends with its template, so its token budget is the
+# template's length bound (`DirectorTurn.max_new_tokens`), not the unconstrained 48 tokens: a
+# 90-char action + tone + scaffolding (~17 SmolLM2 tokens) can exceed 48 and was then cut.
 SCHEMA_ACTION_CHARS = 90
 SCHEMA_TONE_CHARS = 20
 # Bounds that make parsing linear-ish on adversarial input (e.g. a megabyte of "{").
@@ -167,8 +169,6 @@ def directive_schema(roster: list[PersonaCard], avoid_speaker: str | None = None
 def directive_pattern(cards: list[PersonaCard]) -> str:
     """A regex of every structured directive naming any of `cards` (both rosters: one director
     serves them all), for samplers that take a regex (TRL's vLLM structured outputs)."""
-    from mascot_dag.lib.llm.structured import compile_schema
-
     return compile_schema(directive_schema(cards)).pattern().pattern
 
 
@@ -297,6 +297,15 @@ class DirectorTurn:
         if not self.structured:
             return None
         return json.dumps(directive_schema(self.roster, self._avoid))
+
+    def max_new_tokens(self, budget: int) -> int:
+        """Token budget of this turn's requests: `budget` unconstrained; with the schema at least
+        the template's length bound (a token has >= 1 char), so no allowed reply is cut - the
+        template, not the budget, ends it."""
+        schema = self.json_schema()
+        if schema is None:
+            return budget
+        return max(budget, compile_schema(schema).max_chars())
 
     def _check(self, raw: str) -> Directive:
         directive = parse_directive(raw, self.roster)
