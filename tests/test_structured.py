@@ -245,23 +245,24 @@ def test_served_response_format(served):
 
 @pytest.mark.slow
 def test_tiny_model_as_structured_director_names_allowed_speakers(base_model_path):
-    # without the schema the base 135M director is valid on the first try ~30-50% of the time
+    # without the schema the base 135M director is valid on the first try ~30-55% of the time
     # (scripts/bench_director.py); with it every first answer is a usable directive
-    from mascot_dag.lib.director import DirectorTurn
+    from mascot_dag.lib.dialogue import DialogueConfig, DialogueSpec, DialogueState, direct_turns
     from mascot_dag.lib.llm.transformers_backend import TransformersChat
     from mascot_dag.lib.personas import load_personas, personas_of_set
+    from mascot_dag.lib.types import Context
 
     roster = personas_of_set(load_personas(), "support")
     chat = TransformersChat(base_model_path, os.environ["MASCOT_MODELS_DIR"], batch_size=4)
-    turns = [DirectorTurn("I lost my job and I feel useless.", roster,
-                          [{"speaker": "user", "text": "I lost my job."},
-                           {"speaker": last.persona_id, "text": "That is hard."}],
-                          "support", 2, last.persona_id, True, structured=True)
-             for last in roster]
-    reqs = [ChatRequest(tuple(t.pending()), SamplingParams(48, 0.7, seed=i), None,
-                        t.json_schema()) for i, t in enumerate(turns)]
-    for t, res in zip(turns, chat.generate(reqs), strict=True):
-        t.feed(res.text)
-    for t, last in zip(turns, roster, strict=True):
-        assert t.status == "ok", t.raw_outputs
-        assert t.directive.speaker != last.persona_id and t.directive.action
+    ctx = Context("ctx-1", "empatheticdialogues", "emotional_support", "I lost my job.",
+                  "I lost my job and I feel useless.")
+    states = []
+    for i, last in enumerate(roster):  # each state forbids a different last speaker
+        st = DialogueState(DialogueSpec(f"t:{i}", ctx, "support", roster, None, i, 4))
+        st.add("user", "user", "I lost my job.", "dataset")
+        st.add("agent", last.persona_id, "That is hard.", "test")
+        states.append(st)
+    decided = direct_turns(states, chat.generate, DialogueConfig(structured_director=True))
+    for d, last in zip(decided, roster, strict=True):
+        assert d["status"] == "ok", d["raw_output"]
+        assert d["speaker"] != last.persona_id and d["action"]
