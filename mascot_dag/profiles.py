@@ -31,6 +31,7 @@ def profile_name(name: str | None = None) -> str:
 
 
 def settings_for(name: str):
+    from mascot_dag.lib.champion import PERSONA_CRITERIA
     from mascot_dag.resources.settings import LineageSettings
 
     if name == "tiny":
@@ -61,6 +62,8 @@ def settings_for(name: str):
             # ED) and QMSum "committee" (parliamentary committees, the register farthest from the
             # academic and product meetings) are never trained on and evaluated apart.
             ood_valences=["neutral"], ood_domains=["committee"],
+            # the gate weighs the persona criteria, not all nine (lib/champion.py says why)
+            gate_criteria=list(PERSONA_CRITERIA),
         )
     if name == "paper":
         # Paper-scale sizes (GPU): K=8 candidates, hundreds of GRPO steps, long dialogues.
@@ -74,6 +77,7 @@ def settings_for(name: str):
             rollout_dialogues=256, agent_turns=12, agents_per_round=2, block_size=4,
             director_steps=200, prompt_style="few_shot", eval_contexts=0,
             director_reward_horizon=4, director_compare_contexts=16, director_compare_seeds=4,
+            gate_criteria=list(PERSONA_CRITERIA),
         )
     return LineageSettings()
 

@@ -13,6 +13,12 @@ paper-layout report, with the champion gate) on what was generated. Meant for a 
 
     MASCOT_HOME=/path/to/study-home python scripts/study_eval.py --contexts 32 --turns 6 \
         --modes support,meeting --methods mascot,zero_shot,sft,few_shot,mascot_c,mascot_p --report
+
+Adding methods to a finished evaluation, paired with its stored MASCOT dialogues (the profile's
+contexts, OOD included, restricted to those MASCOT has):
+
+    MASCOT_HOME=/path/to/study-home python scripts/study_eval.py --paired-with mascot \
+        --methods few_shot,zero_shot_cot --report
 """
 
 from __future__ import annotations
@@ -24,40 +30,50 @@ import time
 os.environ.setdefault("MASCOT_PROFILE", "study")
 
 
-def run(n_contexts: int, turns: int, methods: list[str], modes: list[str]) -> None:
+def run(methods: list[str], modes: list[str], n_contexts: int | None, turns: int | None,
+        paired_with: str | None) -> None:
+    """Each method through the `eval_dialogues` asset's own per-method step (`eval_method`), then
+    `eval_scores`. `n_contexts`/`turns` override the profile's (the OOD split then stays out);
+    `paired_with` keeps only the contexts that method's stored eval dialogues have, so a method
+    added to a finished evaluation pairs with it (same contexts, users and seeds)."""
     import dagster as dg
 
-    from mascot_dag.assets.collaboration import dialogue_config, rosters, write_dialogues
-    from mascot_dag.assets.evaluation import eval_scores, eval_specs
-    from mascot_dag.assets.registry import (
-        DIRECTOR_MODEL,
-        attach,
-        attach_personas,
-        attach_policy_sft,
-    )
-    from mascot_dag.lib.methods import run_method
+    from mascot_dag.assets.collaboration import rosters
+    from mascot_dag.assets.evaluation import eval_method, eval_scores, eval_specs
+    from mascot_dag.assets.registry import DIRECTOR_MODEL, attach, attach_personas
     from mascot_dag.profiles import resources_for
 
     res = resources_for()
     s = res["settings"]
     fields = {k: getattr(s, k) for k in type(s).model_fields}
-    fields.update(eval_contexts=n_contexts, agent_turns=turns, ood_valences=[], ood_domains=[])
+    if n_contexts is not None:
+        fields.update(eval_contexts=n_contexts, ood_valences=[], ood_domains=[])
+    if turns is not None:
+        fields.update(agent_turns=turns)
     res["settings"] = settings = type(s)(**fields)
     store, chat, tracking = res["store"], res["chat"], res["tracking"]
     specs = [sp for sp in eval_specs(store, settings) if sp.mode in modes]
+    if paired_with:
+        have = {r[0]: r[1] for r in store.frame(
+            "SELECT context_id, seed FROM dialogues WHERE stage = 'eval' AND method = ?",
+            [paired_with]).rows()}
+        if not have:
+            raise SystemExit(f"--paired-with {paired_with}: no stored eval dialogues of it")
+        specs = [sp for sp in specs if sp.context.context_id in have]
+        stale = [sp.context.context_id for sp in specs if have[sp.context.context_id] != sp.seed]
+        if stale or len(specs) < len(have):
+            raise SystemExit(f"--paired-with {paired_with}: {len(have)} stored contexts, "
+                             f"{len(specs)} rebuilt, seeds differ for {stale[:3]}: the settings "
+                             "(contexts, turns, OOD, seed) are not the ones it ran with")
     persona_ids = [c.persona_id for c in rosters(store)["support"]]
-    adapters, versions = attach_personas(chat, tracking, persona_ids, None)
-    director, director_version = attach(chat, tracking, DIRECTOR_MODEL, None)
-    print(f"{len(specs)} dialogues per method, {turns} agent turns; personas {versions}; "
-          f"director {director_version or 'base'}", flush=True)
+    models = (*attach_personas(chat, tracking, persona_ids, None),
+              *attach(chat, tracking, DIRECTOR_MODEL, None))
+    print(f"{len(specs)} dialogues per method, {settings.agent_turns} agent turns; personas "
+          f"{models[1]}; director {models[3] or 'base'}", flush=True)
     for m in methods:
         t0 = time.time()
-        sft = attach_policy_sft(chat, tracking, "the sft baseline") if m == "sft" else None
-        records = run_method(m, specs, chat.backend().generate, dialogue_config(settings),
-                             persona_adapters=adapters, director_adapter=director,
-                             sft_adapter=sft)
-        write_dialogues(store, records, f"eval:{m}")
-        print(f"{m}: {len(records)} dialogues in {time.time() - t0:.0f} s", flush=True)
+        meta = eval_method(m, specs, store, chat, tracking, settings, models)
+        print(f"{m}: {meta['dialogues']} dialogues in {time.time() - t0:.0f} s", flush=True)
         assert dg.materialize([eval_scores], resources=res).success
 
 
@@ -101,15 +117,16 @@ def report() -> None:
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--contexts", type=int, default=24)
-    ap.add_argument("--turns", type=int, default=4)
+    ap.add_argument("--contexts", type=int, help="per mode (default: the profile's, with OOD)")
+    ap.add_argument("--turns", type=int, help="agent turns (default: the profile's)")
+    ap.add_argument("--paired-with", help="only the contexts this method's eval dialogues have")
     ap.add_argument("--methods", default="mascot,zero_shot,few_shot")
-    ap.add_argument("--modes", default="support", help="support, meeting or both (comma list)")
+    ap.add_argument("--modes", default="support,meeting", help="support, meeting or both (comma list)")
     ap.add_argument("--report-only", action="store_true", help="print the paired figures only")
     ap.add_argument("--report", action="store_true", help="also build the eval_report asset")
     a = ap.parse_args()
     if not a.report_only:
-        run(a.contexts, a.turns, a.methods.split(","), a.modes.split(","))
+        run(a.methods.split(","), a.modes.split(","), a.contexts, a.turns, a.paired_with)
     if a.report:
         full_report()
     report()

@@ -16,6 +16,7 @@ from mascot_dag.assets.evaluation import (
     current_champion_scores,
 )
 from mascot_dag.lib.champion import (
+    PERSONA_CRITERIA,
     Decision,
     gate_decision,
     gate_tracking,
@@ -207,3 +208,40 @@ def test_eval_run_stores_the_gates_comparison_first():
     assert order[:3] == ["mascot", "champion", "zero_shot"] and sorted(order) == sorted(keys)
     # a range without them keeps its partition order
     assert run_order(["sft", "few_shot", "mascot_c"]) == ["sft", "few_shot", "mascot_c"]
+
+
+def test_gate_criteria_stop_a_promotion_on_relevance_alone():
+    """The second study evaluation's shape: far better relevance, the persona criteria equal."""
+    rows = []
+    for method, rel in (("mascot", 0.9), ("zero_shot", 0.0)):
+        for k, v in enumerate(BASE):
+            for lvl, c, value in (("agent", "consistency", v),
+                                  ("agent", "response_relevance", min(v + rel, 5.0)),
+                                  ("collective", "fidelity", v + (0.05 if k % 2 else -0.05))):
+                rows.append({"method": method, "dialogue_id": f"eval:{method}:ctx{k:02d}",
+                             "level": lvl, "judge": "embedded", "criterion": c, "value": value,
+                             "higher_is_better": True})
+    scores = pd.DataFrame(rows)
+    everything = gate_decision(scores, champion_exists=False)
+    assert everything.promote and "over all judge criteria" in everything.reason
+    persona = gate_decision(scores, champion_exists=False, criteria=PERSONA_CRITERIA)
+    assert not persona.promote and persona.criteria == PERSONA_CRITERIA
+    assert persona.diff == pytest.approx(0.0, abs=1e-9) and "over agent/consistency" in persona.reason
+    assert gate_tracking(persona)[0]["gate.criteria"].startswith("agent/consistency,")
+    # bare names work; a typo or a metric (not a judge criterion) is refused, naming it
+    assert gate_decision(scores, champion_exists=False, criteria=["response_relevance"]).promote
+    for bad in ("consistancy", "automatic/distinct_1", "collective/consistency"):
+        with pytest.raises(ValueError, match=bad.replace("/", ".")):
+            gate_decision(scores, criteria=[bad])
+
+
+def test_gate_criteria_setting_is_checked_when_configured():
+    from pydantic import ValidationError
+
+    from mascot_dag.profiles import settings_for
+    from mascot_dag.resources.settings import LineageSettings
+
+    assert settings_for("study").gate_criteria == list(PERSONA_CRITERIA)
+    assert settings_for("embedded").gate_criteria == []
+    with pytest.raises(ValidationError, match="'consistancy' is not a judge criterion"):
+        LineageSettings(gate_criteria=["consistancy"])

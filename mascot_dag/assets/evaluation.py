@@ -91,9 +91,9 @@ def eval_dialogues(
     for method in run_order(context.partition_keys):
         t0 = time.monotonic()
         try:
-            per_method[method] = _eval_method(method, specs, store, chat, tracking, settings,
-                                              models("champion" if method == gate.CHAMPION
-                                                     else None))
+            per_method[method] = eval_method(method, specs, store, chat, tracking, settings,
+                                             models("champion" if method == gate.CHAMPION
+                                                    else None))
         except Exception as exc:  # the other methods still run; the step fails at the end
             context.log.error(f"eval_dialogues [{method}] failed: {exc!r}")
             failed[method] = exc
@@ -124,8 +124,8 @@ def run_order(methods) -> list[str]:
     return first + [m for m in methods if m not in first]
 
 
-def _eval_method(method: str, specs, store: DuckDBStore, chat: ChatModelResource,
-                 tracking: MLflowResource, settings: LineageSettings, models: tuple) -> dict:
+def eval_method(method: str, specs, store: DuckDBStore, chat: ChatModelResource,
+                tracking: MLflowResource, settings: LineageSettings, models: tuple) -> dict:
     """Run and store one method's eval dialogues with the attached `models` (persona adapters,
     their versions, director, its version); its metadata ("table": the per-run preview)."""
     adapters, versions, director, director_version = models
@@ -319,8 +319,8 @@ def eval_report(
     versions = _mascot_versions(store)
     decision = gate.gate_decision(
         current_champion_scores(store, tracking, scores), champion_exists(tracking),
-        margin=settings.gate_margin,
-        min_contexts=settings.gate_min_contexts, seed=settings.seed)
+        margin=settings.gate_margin, min_contexts=settings.gate_min_contexts,
+        seed=settings.seed, criteria=settings.gate_criteria)
     provenance = {
         "base model": chat.model_name, "judges": sorted(scores["judge"].unique().to_list()),
         "training judge": judges.training_judge, "three-way judge": judges.three_way_judge,

@@ -20,6 +20,11 @@ score: differencing removes it, and the bootstrap resamples contexts (clusters),
   way, so an untrained or broken MASCOT never becomes the first champion.
 - Either way at least `min_contexts` paired contexts are required: a percentile bootstrap over 2
   contexts is just [min, max] of two differences, so two lucky positives would pass the CI rule.
+- `criteria` (the `gate_criteria` setting) narrows the gate's overall to the named judge criteria
+  (`consistency` or `agent/consistency`; empty: all). The mean of all nine can promote on
+  relevance alone (the second study evaluation did: relevance +19.5, consistency and contribution
+  not significant), so a profile that exists to measure persona alignment gates on the criteria
+  the method is for. Reports keep the all-criteria overall; the decision names what it used.
 
 Frames are polars (a pandas input is converted through `frames.to_polars`).
 """
@@ -35,12 +40,44 @@ import polars as pl
 
 from mascot_dag.lib.frames import to_polars
 from mascot_dag.lib.stats import paired_cluster_bootstrap
-from mascot_dag.lib.types import to_100
+from mascot_dag.lib.types import AGENT_CRITERIA, COLLECTIVE_CRITERIA, to_100
 
 JUDGE_LEVELS = ("agent", "collective")
 CANDIDATE = "mascot"  # the method whose adapter versions the gate would promote
 CHAMPION = "champion"  # eval method: the `champion` alias versions, run like `mascot`
 FIRST_RUN_BASELINE = "zero_shot"  # what the first champion must significantly beat
+
+
+# What MASCOT is for (distinct personas that each contribute; no echo), at both levels: the
+# study and paper profiles gate on these
+PERSONA_CRITERIA = ("agent/consistency", "agent/social_contribution", "collective/fidelity",
+                    "collective/engagement_contribution")
+JUDGE_CRITERIA = {**{c: "agent" for c in AGENT_CRITERIA},
+                  **{c: "collective" for c in COLLECTIVE_CRITERIA}}
+
+
+def check_gate_criteria(criteria) -> list[tuple[str, str]]:
+    """(level, criterion) pairs of gate criteria names (`criterion` or `level/criterion`);
+    ValueError names an unknown one and the known names (a typo must not gate on nothing)."""
+    out = []
+    for name in criteria:
+        level, _, crit = name.rpartition("/")
+        if crit not in JUDGE_CRITERIA or level not in ("", JUDGE_CRITERIA[crit]):
+            known = ", ".join(f"{lv}/{c}" for c, lv in JUDGE_CRITERIA.items())
+            raise ValueError(f"gate criterion {name!r} is not a judge criterion; known: {known}")
+        out.append((JUDGE_CRITERIA[crit], crit))
+    return out
+
+
+def only_criteria(eval_scores, criteria) -> pl.DataFrame:
+    """The rows of the named judge criteria (all rows when `criteria` is empty)."""
+    df = to_polars(eval_scores)
+    pairs = check_gate_criteria(criteria)
+    if not pairs or df.is_empty():
+        return df
+    keep = pl.any_horizontal([(pl.col("level") == lv) & (pl.col("criterion") == c)
+                              for lv, c in pairs])
+    return df.filter(keep)
 
 
 def _judge_rows(eval_scores: pl.DataFrame) -> pl.DataFrame:
@@ -113,6 +150,7 @@ class Decision:
     p_two_sided: float | None = None
     margin: float = 0.0
     min_contexts: int = 0
+    criteria: tuple[str, ...] = ()  # judge criteria the overall is over; () = all
 
 
 def context_of(dialogue_id: str, method: str) -> str:
@@ -198,18 +236,20 @@ def gate_decision(
     min_contexts: int = 8,
     n_boot: int = 2000,
     seed: int = 0,
+    criteria=(),
 ) -> Decision:
     """Promote `mascot` only when its paired CI against the comparator lies above `margin`.
 
     champion_exists: whether the MLflow alias `champion` is set (None: inferred from `champion`
     rows in eval_scores). When it exists but was not scored in this run, nothing is promoted:
-    a gate without its comparator must fail closed.
+    a gate without its comparator must fail closed. criteria: the judge criteria the overall is
+    over (module doc; empty: all).
     """
     if margin < 0:
         raise ValueError(f"margin must be >= 0 points, got {margin}")
     if min_contexts < 1:
         raise ValueError(f"min_contexts must be >= 1, got {min_contexts}")
-    eval_scores = to_polars(eval_scores)
+    eval_scores = only_criteria(eval_scores, criteria)
     methods = set(eval_scores["method"].to_list()) if "method" in eval_scores.columns else set()
     if champion_exists is None:
         champion_exists = CHAMPION in methods
@@ -220,10 +260,12 @@ def gate_decision(
     r = paired_difference(eval_scores, CANDIDATE, comparator, n_boot=n_boot, seed=seed)
     n = int(r["n_clusters"])
     base = Decision(False, "", cand_all, comp_all, rule, comparator, _opt(r["mean"]),
-                    _opt(r["lo"]), _opt(r["hi"]), n, _opt(r["p_two_sided"]), margin, min_contexts)
-    stats = (f"{CANDIDATE} - {comparator} = {_fmt(base.diff)} points, 95% cluster-bootstrap CI "
-             f"[{_fmt(base.ci_lo)}, {_fmt(base.ci_hi)}], n = {n} paired contexts, margin "
-             f"{margin:g}, min contexts {min_contexts}")
+                    _opt(r["lo"]), _opt(r["hi"]), n, _opt(r["p_two_sided"]), margin, min_contexts,
+                    tuple(criteria))
+    over = f"over {', '.join(criteria)}" if criteria else "over all judge criteria"
+    stats = (f"{CANDIDATE} - {comparator} = {_fmt(base.diff)} points ({over}), 95% "
+             f"cluster-bootstrap CI [{_fmt(base.ci_lo)}, {_fmt(base.ci_hi)}], n = {n} paired "
+             f"contexts, margin {margin:g}, min contexts {min_contexts}")
     if n == 0:
         why = (f"no paired contexts of {CANDIDATE} and {comparator} with judge scores"
                + (" (the champion exists but was not evaluated in this run)"
@@ -247,6 +289,7 @@ def gate_tracking(decision: Decision) -> tuple[dict[str, Any], dict[str, float],
     because MLflow metrics must be numbers and a missing CI is not a CI of 0."""
     params = {"gate.rule": decision.rule, "gate.comparator": decision.comparator or "none",
               "gate.margin": decision.margin, "gate.min_contexts": decision.min_contexts,
+              "gate.criteria": ",".join(decision.criteria) or "all",
               "decision": decision.reason[:500]}  # MLflow caps a param value at 500 chars
     metrics = {"gate.promote": float(decision.promote),
                "gate.n_contexts": float(decision.n_contexts)}

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dagster as dg
-from pydantic import Field
+from pydantic import Field, field_validator
 
 
 class LineageSettings(dg.ConfigurableResource):
@@ -173,3 +173,17 @@ class LineageSettings(dg.ConfigurableResource):
         default=8,
         description="Champion gate: fewest paired eval contexts a promotion may rest on.",
     )
+    gate_criteria: list[str] = Field(
+        default=[],
+        description="Champion gate: the judge criteria its overall score averages (`consistency` "
+        "or `agent/consistency`, ...); empty: all nine. The study and paper profiles gate on "
+        "the persona criteria the method is for, so relevance alone cannot promote.",
+    )
+
+    @field_validator("gate_criteria")
+    @classmethod
+    def _known_gate_criteria(cls, v: list[str]) -> list[str]:
+        from mascot_dag.lib.champion import check_gate_criteria
+
+        check_gate_criteria(v)  # a typo fails at configuration, not after hours of evaluation
+        return v
