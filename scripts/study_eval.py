@@ -121,7 +121,7 @@ if __name__ == "__main__":
     ap.add_argument("--turns", type=int, help="agent turns (default: the profile's)")
     ap.add_argument("--paired-with", help="only the contexts this method's eval dialogues have")
     ap.add_argument("--methods", default="mascot,zero_shot,few_shot")
-    ap.add_argument("--modes", default="support,meeting", help="support, meeting or both (comma list)")
+    ap.add_argument("--modes", default="support,meeting", help="support and/or meeting (commas)")
     ap.add_argument("--report-only", action="store_true", help="print the paired figures only")
     ap.add_argument("--report", action="store_true", help="also build the eval_report asset")
     a = ap.parse_args()

@@ -226,7 +226,8 @@ def test_gate_criteria_stop_a_promotion_on_relevance_alone():
     assert everything.promote and "over all judge criteria" in everything.reason
     persona = gate_decision(scores, champion_exists=False, criteria=PERSONA_CRITERIA)
     assert not persona.promote and persona.criteria == PERSONA_CRITERIA
-    assert persona.diff == pytest.approx(0.0, abs=1e-9) and "over agent/consistency" in persona.reason
+    assert persona.diff == pytest.approx(0.0, abs=1e-9)
+    assert "over agent/consistency" in persona.reason
     assert gate_tracking(persona)[0]["gate.criteria"].startswith("agent/consistency,")
     # bare names work; a typo or a metric (not a judge criterion) is refused, naming it
     assert gate_decision(scores, champion_exists=False, criteria=["response_relevance"]).promote
