@@ -180,3 +180,15 @@ def test_metric_rows_carry_registry_direction():
     assert rows["self_bleu"]["higher_is_better"] is False
     assert rows["response_length"]["higher_is_better"] is None
     assert rows["self_bleu"]["level"] == "automatic" and rows["self_bleu"]["judge"] == "metric"
+
+
+def test_speaker_entropy_shows_a_concentrated_group():
+    from mascot_dag.lib.metrics import agent_speaker_entropy
+
+    round_robin = [user("hi")] + [agent(p, "words here") for p in ("a", "b", "c", "d")]
+    assert agent_speaker_entropy(round_robin) == pytest.approx(2.0)
+    concentrated = [agent("a", "x"), user("y"), agent("a", "z"), agent("b", "w")]
+    assert agent_speaker_entropy(concentrated) == pytest.approx(0.9183, abs=1e-4)
+    assert agent_speaker_entropy([user("only the user")]) is None
+    assert METRICS["speaker_entropy"].higher_is_better is None  # descriptive, never ranked
+    assert compute_metrics(concentrated)["speaker_entropy"] == pytest.approx(0.9183, abs=1e-4)

@@ -23,7 +23,6 @@ from __future__ import annotations
 import json
 import math
 from collections import Counter
-from collections.abc import Sequence
 from dataclasses import replace
 from types import SimpleNamespace
 from typing import Any
@@ -40,6 +39,7 @@ from mascot_dag.lib.dialogue import (
 from mascot_dag.lib.director_reward import block_reward
 from mascot_dag.lib.frames import to_polars
 from mascot_dag.lib.judges.base import BlockItem
+from mascot_dag.lib.metrics import speaker_entropy
 from mascot_dag.lib.stats import (
     MIN_CLUSTERS_FOR_SIGNIFICANCE,
     paired_cluster_bootstrap,
@@ -78,14 +78,6 @@ def comparison_specs(specs_for_seed, seeds: int) -> list[DialogueSpec]:
     if len(set(ids)) != len(ids):
         raise ValueError(f"director comparison: duplicate dialogue ids {sorted(ids)}")
     return specs
-
-
-def speaker_entropy(speakers: Sequence[str]) -> float:
-    """Shannon entropy in bits of the speaker counts (0 for one speaker, NaN for none)."""
-    if not speakers:
-        return math.nan
-    n = len(speakers)
-    return float(-sum(c / n * math.log2(c / n) for c in Counter(speakers).values()))
 
 
 def unit_row(rec: DialogueRecord, arm: str, director: str, block_scores: list[list[Any]]) -> dict:

@@ -61,6 +61,20 @@ def distinct_n(turns: list[Turn], n: int) -> float | None:
     return len(set(grams)) / len(grams) if grams else None
 
 
+def speaker_entropy(speakers: Sequence[str]) -> float:
+    """Shannon entropy in bits of the speaker counts (0 for one speaker, NaN for none)."""
+    if not speakers:
+        return math.nan
+    n = len(speakers)
+    return float(-sum(c / n * math.log2(c / n) for c in Counter(speakers).values()))
+
+
+def agent_speaker_entropy(turns: list[Turn]) -> float | None:
+    """`speaker_entropy` of the agent turns' speakers: 2 bits when four personas speak equally."""
+    speakers = [t["speaker"] for t in agent_turns(turns)]
+    return speaker_entropy(speakers) if speakers else None
+
+
 def response_length(turns: list[Turn]) -> float | None:
     """Mean number of word tokens per agent turn. Descriptive only: no quality direction."""
     lengths = [len(tokenize(t["text"])) for t in agent_turns(turns)]
@@ -267,6 +281,11 @@ METRICS: dict[str, Metric] = {
                "mean max 1-2-gram containment of an agent turn in an earlier turn (sycophancy)"),
         Metric("response_length", lambda d, e, i: response_length(d), None,
                "mean words per agent turn (descriptive, not ranked)"),
+        # descriptive: the prompting baselines' fixed round-robin is at the maximum by
+        # construction, and a director may rightly let one persona speak twice; it shows
+        # how concentrated a director's picks are, which speaker coverage in the judge hides
+        Metric("speaker_entropy", lambda d, e, i: agent_speaker_entropy(d), None,
+               "entropy (bits) of who spoke among the agent turns (descriptive, not ranked)"),
         Metric("persona_identifiability", lambda d, e, i: i.accuracy(d) if i else None, True,
                "fraction of agent turns whose persona a TF-IDF classifier recovers",
                needs="identifier"),
