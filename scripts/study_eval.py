@@ -19,6 +19,15 @@ contexts, OOD included, restricted to those MASCOT has):
 
     MASCOT_HOME=/path/to/study-home python scripts/study_eval.py --paired-with mascot \
         --methods few_shot,zero_shot_cot --report
+
+Stage 2 on that home (`--stage2`: group_rollouts, group_judgments, director_adapter and
+director_comparison as assets; `--set KEY=VALUE` changes a lineage setting as `mascot demo --set`
+does, for every step of this call), then MASCOT again with the trained director, paired with the
+stored base-director dialogues (back the DuckDB file up first to compare the two):
+
+    MASCOT_HOME=/path/to/study-home python scripts/study_eval.py --stage2 --set director_steps=24 \
+        --set rollout_dialogues=4 --set director_compare_contexts=6 --report-only
+    MASCOT_HOME=/path/to/study-home python scripts/study_eval.py --paired-with mascot --methods mascot
 """
 
 from __future__ import annotations
@@ -30,8 +39,36 @@ import time
 os.environ.setdefault("MASCOT_PROFILE", "study")
 
 
-def run(methods: list[str], modes: list[str], n_contexts: int | None, turns: int | None,
-        paired_with: str | None) -> None:
+def resources(assignments: list[str]) -> dict:
+    """The profile's resources with `--set` assignments applied to its settings."""
+    from mascot_dag.profiles import override_settings, resources_for
+
+    res = resources_for()
+    res["settings"] = override_settings(res["settings"], assignments)
+    return res
+
+
+def stage2(res: dict) -> None:
+    """Stage 2 on a finished Stage 1, as assets: rollouts, group judgments, the director's GRPO,
+    and the trained-vs-base director comparison (with its check)."""
+    import dagster as dg
+
+    from mascot_dag.assets.collaboration import (
+        director_adapter,
+        group_judgments,
+        group_rollouts,
+        group_rollouts_directive_every_agent_turn_check,
+    )
+    from mascot_dag.assets.director_eval import director_comparison, director_not_worse
+
+    # the checks run with their assets (the rollout check blocks the director on bad rollouts)
+    assert dg.materialize([group_rollouts, group_rollouts_directive_every_agent_turn_check,
+                           group_judgments, director_adapter, director_comparison,
+                           director_not_worse], resources=res).success
+
+
+def run(res: dict, methods: list[str], modes: list[str], n_contexts: int | None,
+        turns: int | None, paired_with: str | None) -> None:
     """Each method through the `eval_dialogues` asset's own per-method step (`eval_method`), then
     `eval_scores`. `n_contexts`/`turns` override the profile's (the OOD split then stays out);
     `paired_with` keeps only the contexts that method's stored eval dialogues have, so a method
@@ -41,9 +78,7 @@ def run(methods: list[str], modes: list[str], n_contexts: int | None, turns: int
     from mascot_dag.assets.collaboration import rosters
     from mascot_dag.assets.evaluation import eval_method, eval_scores, eval_specs
     from mascot_dag.assets.registry import DIRECTOR_MODEL, attach, attach_personas
-    from mascot_dag.profiles import resources_for
 
-    res = resources_for()
     s = res["settings"]
     fields = {k: getattr(s, k) for k in type(s).model_fields}
     if n_contexts is not None:
@@ -77,16 +112,15 @@ def run(methods: list[str], modes: list[str], n_contexts: int | None, turns: int
         assert dg.materialize([eval_scores], resources=res).success
 
 
-def full_report() -> None:
+def full_report(res: dict) -> None:
     import dagster as dg
 
     from mascot_dag.assets.evaluation import eval_report, eval_scores, three_way_comparisons
     from mascot_dag.assets.human import human_ratings
-    from mascot_dag.profiles import resources_for
 
     # scores again first: what was scored while the methods ran came from that process's code
     assets = [eval_scores, three_way_comparisons, human_ratings, eval_report]
-    assert dg.materialize(assets, resources=resources_for()).success
+    assert dg.materialize(assets, resources=res).success
 
 
 def report() -> None:
@@ -124,9 +158,16 @@ if __name__ == "__main__":
     ap.add_argument("--modes", default="support,meeting", help="support and/or meeting (commas)")
     ap.add_argument("--report-only", action="store_true", help="print the paired figures only")
     ap.add_argument("--report", action="store_true", help="also build the eval_report asset")
+    ap.add_argument("--stage2", action="store_true",
+                    help="first Stage 2: rollouts, group judgments, director, director comparison")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="a lineage setting over the profile's (repeatable), as mascot demo --set")
     a = ap.parse_args()
+    res = resources(a.set)
+    if a.stage2:
+        stage2(res)
     if not a.report_only:
-        run(a.methods.split(","), a.modes.split(","), a.contexts, a.turns, a.paired_with)
+        run(res, a.methods.split(","), a.modes.split(","), a.contexts, a.turns, a.paired_with)
     if a.report:
-        full_report()
+        full_report(res)
     report()

@@ -177,6 +177,9 @@ def test_registry_holds_versions_linked_to_runs(lineage):
     for name in expected:
         v = client.search_model_versions(f"name = '{name}'")[0]
         assert client.get_run(v.run_id).info.status == "FINISHED"
+    # the director's run says how far its steps moved the weights (LoRA B starts at zero)
+    director = client.search_model_versions("name = 'mascot-director'")[0]
+    assert client.get_run(director.run_id).data.metrics["lora_delta_relative"] > 0
 
 
 def test_stage2_dialogues_have_directives_and_group_scores(lineage):

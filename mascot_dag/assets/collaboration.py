@@ -196,6 +196,7 @@ def director_adapter(
         GroupBlockReward,
         director_states,
     )
+    from mascot_dag.lib.training.common import lora_relative_change
     from mascot_dag.lib.training.grpo import train_grpo_adapter
 
     like = [f"{ROLLOUT_PREFIX}:%"]
@@ -233,6 +234,10 @@ def director_adapter(
         log_curves(tracking, {"reward": result.reward_curve, "kl": result.kl_curve,
                               "loss": result.loss_curve, **result.reward_func_curves})
         tracking.log_adapter(result.adapter_dir)
+        # how far the steps moved the weights: ~1e-4 changes no sampled directive (see
+        # lora_relative_change), so a director "trained" that little is the base director
+        moved = lora_relative_change(result.adapter_dir, base)
+        tracking.log_curve("lora_delta_relative", [(result.steps, moved)])
         version = tracking.register_version(DIRECTOR_MODEL, run,
                                             tags={"persona_versions": json.dumps(versions)})
     nan = float("nan")
@@ -241,6 +246,7 @@ def director_adapter(
         "model_version": f"{DIRECTOR_MODEL}/{version}",
         "decision_points": len(states),
         "trainable_percent": result.trainable_percent,
+        "lora_delta_relative": moved,
         "steps": result.steps,
         "mean_reward_start": result.reward_start if result.reward_start is not None else nan,
         "mean_reward_end": result.reward_end if result.reward_end is not None else nan,
