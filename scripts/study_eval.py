@@ -27,7 +27,8 @@ stored base-director dialogues (back the DuckDB file up first to compare the two
 
     MASCOT_HOME=/path/to/study-home python scripts/study_eval.py --stage2 --set director_steps=24 \
         --set rollout_dialogues=4 --set director_compare_contexts=6 --report-only
-    MASCOT_HOME=/path/to/study-home python scripts/study_eval.py --paired-with mascot --methods mascot
+    MASCOT_HOME=/path/to/study-home python scripts/study_eval.py --paired-with mascot \
+        --methods mascot
 """
 
 from __future__ import annotations

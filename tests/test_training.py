@@ -310,6 +310,7 @@ def test_grpo_trains_and_resumes_after_interruption(base_model_path, tmp_path):
     A single two-step run covers both properties: the resumed step must change the LoRA weights
     and log rewards/KL, and it must start from the checkpoint instead of from scratch.
     """
+    from mascot_dag.lib.training.callbacks import ProgressLog
     from mascot_dag.lib.training.grpo import StopAfterSteps, train_grpo_adapter
 
     seen = ColumnSeen()
@@ -328,7 +329,12 @@ def test_grpo_trains_and_resumes_after_interruption(base_model_path, tmp_path):
     assert (tmp_path / "grpo" / "checkpoints" / "checkpoint-1").is_dir()
 
     snap = snapshot_callback()
-    second = train_grpo_adapter(*args, callbacks=[snap], columns=columns)
+    lines: list[str] = []
+    second = train_grpo_adapter(*args, callbacks=[snap, ProgressLog(lines.append, "GRPO t")],
+                                columns=columns)
+    # one progress line for the one step this run did, timed from its own start
+    assert len(lines) == 1 and lines[0].startswith("GRPO t: step 2/2, "), lines
+    assert "nan s/step" not in lines[0] and "reward" in lines[0], lines
     assert second.resumed_from is not None and second.resumed_from.endswith("checkpoint-1")
     assert snap.steps_run == 1, "the resumed run should only do the missing step"
     assert second.steps == 2 and second.completed

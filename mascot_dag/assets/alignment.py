@@ -23,6 +23,7 @@ from mascot_dag.assets.common import (
     fingerprint,
     markdown_table,
     persona_partitions,
+    progress,
     registered_name,
 )
 from mascot_dag.assets.feedback import load_roster, persona_set_contexts, train_contexts
@@ -151,7 +152,8 @@ def policy_sft(
     with tracking.start_run(EXPERIMENT, "policy-sft", {"asset": "policy_sft"}) as run:
         tracking.log_params({"base_model": base, "examples": len(examples), **ss.__dict__,
                              "lora": lora.__dict__})
-        result = train_sft_adapter(base, examples, ss, lora, out)
+        result = train_sft_adapter(base, examples, ss, lora, out,
+                                   callbacks=[progress(context, "policy_sft")])
         log_curves(tracking, {"loss": result.loss_curve})
         tracking.log_adapter(result.adapter_dir)
         version = tracking.register_version(POLICY_SFT_MODEL, run)
@@ -206,7 +208,8 @@ def persona_reward_model(
                             {"asset": "persona_reward_model"}) as run:
         tracking.log_params({"base_model": base, "pairs": len(pairs), **rm.__dict__,
                              "lora": lora.__dict__})
-        result = train_reward_model(base, pairs, rm, lora, out)
+        result = train_reward_model(base, pairs, rm, lora, out,
+                                    callbacks=[progress(context, "persona_reward_model")])
         ci = result.heldout_accuracy_ci(settings.seed)
         log_curves(tracking, {"loss": result.loss_curve})
         metrics = {"heldout_accuracy": result.heldout_accuracy,
@@ -339,7 +342,7 @@ def persona_adapters(
             warm = train_sft_adapter(
                 base, examples, ws, lora,
                 ckpt / "warm_start" / fingerprint(base, examples, ws, lora, str(init)),
-                init_adapter=init)
+                init_adapter=init, callbacks=[progress(context, f"warm start {persona}")])
             log_curves(tracking, {"warm_start_loss": warm.loss_curve})
             warm_dir = init = warm.adapter_dir
             timings["warm_start_s"] = time.monotonic() - t0
@@ -353,7 +356,8 @@ def persona_adapters(
         result = train_grpo_adapter(
             base, prompts, rewards, weights, gs, lora,
             ckpt / "grpo" / fingerprint(base, prompts, rm_version, gs, lora, weights, str(init)),
-            columns={"reward_prompt": reward_prompts}, init_adapter=init)
+            columns={"reward_prompt": reward_prompts}, init_adapter=init,
+            callbacks=[progress(context, f"GRPO {persona}")])
         timings["grpo_s"] = time.monotonic() - t0
         log_curves(tracking, {"reward": result.reward_curve, "kl": result.kl_curve,
                                "loss": result.loss_curve, **result.reward_func_curves})

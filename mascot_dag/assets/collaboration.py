@@ -12,6 +12,7 @@ from mascot_dag.assets.common import (
     base_model_path,
     counts,
     fingerprint,
+    progress,
     table_metadata,
 )
 from mascot_dag.assets.feedback import load_roster
@@ -181,6 +182,7 @@ def director_training(settings: LineageSettings, max_completion_length: int, car
 @dg.asset(group_name="collaboration", deps=[group_judgments], kinds={"pytorch", "mlflow"},
           retry_policy=TRANSIENT_RETRY)
 def director_adapter(
+    context: dg.AssetExecutionContext,
     store: DuckDBStore,
     chat: ChatModelResource,
     judges: JudgePanelResource,
@@ -230,7 +232,8 @@ def director_adapter(
                              "group_judge": rewards[0].judge.name,
                              "persona_adapter_versions": versions, "lora": lora.__dict__,
                              "reward_weights": weights, "director_reward_horizon": horizon})
-        result = train_grpo_adapter(base, prompts, rewards, weights, gs, lora, out)
+        result = train_grpo_adapter(base, prompts, rewards, weights, gs, lora, out,
+                                    callbacks=[progress(context, "GRPO director")])
         log_curves(tracking, {"reward": result.reward_curve, "kl": result.kl_curve,
                               "loss": result.loss_curve, **result.reward_func_curves})
         tracking.log_adapter(result.adapter_dir)

@@ -67,3 +67,10 @@ DUCKDB_POOL = "duckdb"
 # Transient failures (DuckDB's writer lock held past the store's own retries, MLflow's sqlite
 # store busy, an endpoint that drops a request): the step is retried twice, 5 s then 10 s later.
 TRANSIENT_RETRY = dg.RetryPolicy(max_retries=2, delay=5, backoff=dg.Backoff.EXPONENTIAL)
+
+
+def progress(context: dg.AssetExecutionContext, name: str):
+    """A trainer callback writing a progress line per step into the run's Dagster log."""
+    from mascot_dag.lib.training.callbacks import ProgressLog  # imports transformers
+
+    return ProgressLog(context.log.info, name)
