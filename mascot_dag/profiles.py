@@ -7,7 +7,8 @@
 - study: the embedded models at the sizes that MEASURE with power on the real datasets
   (MASCOT_ED_PATH, e.g. EmpatheticDialogues valid.csv; MASCOT_QMSUM_PATH): Stage 1 with a persona
   probe of 32 held-out contexts x every persona x 2 seeds, a reward model held out by context,
-  blocking checks (~1 h on 2 cores); the evaluation on 32 held-out contexts per mode x 6 agent
+  blocking checks (~1 h on 2 cores); Stage 2 with 24 director GRPO steps (~1 h 10 min); the
+  evaluation on 32 held-out contexts per mode x 6 agent
   turns for every method (paired by context), plus as many out-of-domain contexts: ~40 min per
   adapter method and ~10-15 min per prompting baseline per 64 dialogues on 2 CPU cores, so
   several hours there (scripts/study_eval.py runs a chosen subset); minutes on a GPU.
@@ -48,7 +49,7 @@ def settings_for(name: str):
         # x K=4 x 4 personas, a reward model held out by context (10 contexts), 20 GRPO steps
         # per persona, a probe on 32 held-out contexts x 4 personas x 2 seeds = 256 paired
         # units. No warm start: measured to lower identifiability (docs/DESIGN.md). Stage 2
-        # stays small; the evaluation has the issue's powered design (32 contexts per mode x 6
+        # ~1 h 10 min; the evaluation has the issue's powered design (32 contexts per mode x 6
         # agent turns, every method on the same contexts, users and seeds), which costs ~3 h on
         # 2 CPU cores (measured: MASCOT's 64 dialogues 42 min with the CPU shared).
         return LineageSettings(
@@ -56,8 +57,13 @@ def settings_for(name: str):
             warm_start_steps=0, grpo_steps=20, probe_contexts=32, probe_seeds=2,
             reward_blocking=True, probe_blocking=True,
             # the evaluation design: >= 32 held-out contexts per mode, >= 6 agent turns
-            rollout_dialogues=1, agent_turns=6, agents_per_round=2, eval_contexts=32,
-            director_reward_horizon=4, director_compare_contexts=4,
+            agent_turns=6, agents_per_round=2, eval_contexts=32,
+            # Stage 2 that moves the director (measured 2026-12-04, docs/DESIGN.md "Stage 2 at
+            # study size"): 4 rollouts per mode = 48 decision points, 24 GRPO steps on the
+            # 4-turn block reward (lora_delta_relative 1.1e-3; speaker entropy +0.29*), ~45 min;
+            # the comparison on 6 contexts per mode x 2 seeds (>= 6 contexts for a mark), ~23 min
+            rollout_dialogues=4, director_steps=24, director_reward_horizon=4,
+            director_compare_contexts=6,
             # OOD condition (docs/DESIGN.md): ED "neutral" (the smallest valence group, ~15% of
             # ED) and QMSum "committee" (parliamentary committees, the register farthest from the
             # academic and product meetings) are never trained on and evaluated apart.
