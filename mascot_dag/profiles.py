@@ -8,10 +8,10 @@
   (MASCOT_ED_PATH, e.g. EmpatheticDialogues valid.csv; MASCOT_QMSUM_PATH): Stage 1 with a persona
   probe of 32 held-out contexts x every persona x 2 seeds, a reward model held out by context,
   blocking checks (~1 h on 2 cores); Stage 2 with 24 director GRPO steps (~1 h 10 min); the
-  evaluation on 32 held-out contexts per mode x 6 agent
-  turns for every method (paired by context), plus as many out-of-domain contexts: ~40 min per
-  adapter method and ~10-15 min per prompting baseline per 64 dialogues on 2 CPU cores, so
-  several hours there (scripts/study_eval.py runs a chosen subset); minutes on a GPU.
+  evaluation on 32 held-out contexts per mode x 6 agent turns for every method (paired by
+  context), plus as many out-of-domain contexts: ~40 min per adapter method and ~10-15 min per
+  prompting baseline per 64 dialogues on 2 CPU cores, so several hours there
+  (scripts/study_eval.py runs a chosen subset); minutes on a GPU.
 - tiny: what the tests use: the embedded models with the smallest sizes that still exercise
   every code path.
 Pick one with MASCOT_PROFILE (or `mascot demo --profile`).
