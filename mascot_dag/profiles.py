@@ -41,6 +41,8 @@ def settings_for(name: str):
             max_train_contexts=2, k_candidates=2, max_new_tokens=16, policy_sft_steps=1,
             reward_steps=2, reward_batch_size=4, warm_start_steps=1, grpo_steps=1,
             grpo_generations=2, grpo_completion_tokens=8, probe_contexts=2, probe_seeds=1,
+            # the group-aware Stage 1 path (one of the 2 prompts shows another persona's turn)
+            group_history_turns=1, novelty_reward_weight=0.5,
             rollout_dialogues=1, agent_turns=2, block_size=2, director_steps=1,
             director_compare_seeds=1, eval_contexts=1, gate_min_contexts=1,
         )

@@ -180,6 +180,12 @@ def test_registry_holds_versions_linked_to_runs(lineage):
     # the director's run says how far its steps moved the weights (LoRA B starts at zero)
     director = client.search_model_versions("name = 'mascot-director'")[0]
     assert client.get_run(director.run_id).data.metrics["lora_delta_relative"] > 0
+    # the tiny profile trains group-aware: one of its two GRPO prompts shows another persona's
+    # turn, and the novelty reward is one of the rewards
+    anchor = client.search_model_versions("name = 'mascot-persona-anchor'")[0]
+    params = client.get_run(anchor.run_id).data.params
+    assert "novelty_reward" in params["reward_funcs"], params["reward_funcs"]
+    assert params["prompts_with_group_history"] == "1", params
 
 
 def test_stage2_dialogues_have_directives_and_group_scores(lineage):

@@ -13,7 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from mascot_dag.lib.rewards import combined, completion_text, format_reward, reward_model_reward
+from mascot_dag.lib.rewards import (
+    combined,
+    completion_text,
+    format_reward,
+    novelty_reward,
+    reward_model_reward,
+)
 from mascot_dag.lib.training.config import (
     GRPOSettings,
     LoraSettings,
@@ -317,13 +323,15 @@ def test_grpo_trains_and_resumes_after_interruption(base_model_path, tmp_path):
     args = (
         base_model_path,
         [prompt(s) for s in SITUATIONS[:2]],
-        [format_reward(other_names=["The Catalyst"]), hash_reward, seen],
-        [1.0, 1.0, 0.0],
+        [format_reward(other_names=["The Catalyst"]), hash_reward, seen, novelty_reward()],
+        [1.0, 1.0, 0.0, 0.5],
         grpo_settings(save_steps=1),  # checkpoint every step so that the interruption loses nothing
         LORA,
         tmp_path / "grpo",
     )
-    columns = {"tag": ["first", "second"]}
+    # the novelty reward reads its column; the first prompt shows no earlier turn (None there)
+    columns = {"tag": ["first", "second"],
+               "earlier_turns": ["[]", json.dumps(["I hear you, that sounds hard."])]}
     first = train_grpo_adapter(*args, callbacks=[StopAfterSteps(1)], columns=columns)
     assert first.steps == 1 and not first.completed and first.resumed_from is None
     assert (tmp_path / "grpo" / "checkpoints" / "checkpoint-1").is_dir()
@@ -347,7 +355,8 @@ def test_grpo_trains_and_resumes_after_interruption(base_model_path, tmp_path):
     # The curves span both runs: step 1 comes from the checkpoint's history.
     assert [s for s, _ in second.reward_curve] == [1, 2]
     assert [s for s, _ in second.kl_curve] == [1, 2]
-    assert set(second.reward_func_curves) == {"format_reward", "hash_reward", "column_seen"}
+    assert set(second.reward_func_curves) == {"format_reward", "hash_reward", "column_seen",
+                                              "novelty_reward"}
     # Each step scores one prompt's 2 generations; the column travels with its prompt.
     assert len(seen.seen) == 4 and set(seen.seen) <= {"first", "second"}
     assert second.reward_start == first.reward_end

@@ -3,8 +3,10 @@ adapters (warm start + GRPO) and the persona probe that checks them.
 
 One LoRA adapter carries a persona through every step: pi_SFT (SFT on the training listener turns,
 the paper's supervised base policy) -> persona warm start (SFT on this persona's best-judged
-candidates; `warm_start_steps`, 0 = off) -> GRPO on reward model + format reward. Each step
-continues the previous adapter's weights, and the adapter serves as one.
+candidates; `warm_start_steps`, 0 = off) -> GRPO on reward model + format reward (+ the novelty
+reward against the other agents' earlier turns when `group_history_turns` > 0, see
+lib/group_history.py). Each step continues the previous adapter's weights, and the adapter serves
+as one.
 
 All log params, curves and adapters to MLflow and register model versions; checkpoints sit in
 MASCOT_HOME/checkpoints/<asset>/<fingerprint of data+settings>, so an interrupted run resumes.
@@ -31,6 +33,12 @@ from mascot_dag.assets.registry import POLICY_SFT_MODEL, fetch, latest_version
 from mascot_dag.assets.registry import REWARD_MODEL as REWARD_MODEL_NAME
 from mascot_dag.lib import probe
 from mascot_dag.lib.dialogue import opening_agent_messages
+from mascot_dag.lib.group_history import (
+    earlier_column,
+    earlier_turns,
+    group_agent_messages,
+    history_sizes,
+)
 from mascot_dag.lib.home import Home
 from mascot_dag.lib.judges.base import ResponseItem
 from mascot_dag.lib.judges.features import card_grams, copied_grams
@@ -263,6 +271,33 @@ def persona_reward_model(
     )
 
 
+def group_prompts(store: DuckDBStore, settings: LineageSettings, card, roster,
+                  ctxs) -> tuple[list[list[dict]], list[str]]:
+    """The GRPO prompts of one persona and, per prompt, the JSON list of earlier agent turns it
+    shows (`earlier_turns`, what NoveltyReward reads): the opening request for every context when
+    `group_history_turns` is 0, else 0..N turns of the other personas' candidates in turn."""
+    sizes = history_sizes(len(ctxs), settings.group_history_turns)
+    pools: dict[str, dict[str, list[str]]] = {}
+    if settings.group_history_turns > 0:
+        cands = store.frame("SELECT context_id, persona_id, text FROM candidates "
+                            "ORDER BY context_id, persona_id, sample_idx")
+        for cid, pid, text in cands.rows():
+            pools.setdefault(cid, {}).setdefault(pid, []).append(text)
+        missing = [c.context_id for c, n in zip(ctxs, sizes, strict=True)
+                   if n and c.context_id not in pools]
+        if missing:
+            raise ValueError(f"group_history_turns={settings.group_history_turns} needs the other "
+                             f"personas' candidates; none for train contexts {missing[:5]}: "
+                             "materialise candidate_responses for every persona")
+    prompts, earlier = [], []
+    for c, n in zip(ctxs, sizes, strict=True):
+        turns = earlier_turns(c.context_id, card.persona_id, n, pools.get(c.context_id, {}),
+                              settings.seed) if n else []
+        prompts.append(group_agent_messages(card, c, roster, settings.prompt_style, turns))
+        earlier.append(earlier_column(turns, roster))
+    return prompts, earlier
+
+
 def warm_start_examples(store: DuckDBStore, settings: LineageSettings, card, roster,
                         training_rule: str = MEAN) -> list[dict]:
     """SFT targets of the persona warm start: per train context, the candidate (of any persona's
@@ -300,7 +335,7 @@ def persona_adapters(
 ) -> dg.MaterializeResult:
     """One persona's LoRA adapter: pi_SFT -> warm start (SFT) -> GRPO on reward model + format
     reward, then the paired persona probe on held-out contexts (the `fidelity_effect` check)."""
-    from mascot_dag.lib.rewards import format_reward, reward_model_reward
+    from mascot_dag.lib.rewards import format_reward, novelty_reward, reward_model_reward
     from mascot_dag.lib.training.grpo import train_grpo_adapter
     from mascot_dag.lib.training.sft import train_sft_adapter
 
@@ -308,8 +343,9 @@ def persona_adapters(
     roster = load_roster(store, settings.train_persona_set)
     card = next(c for c in roster if c.persona_id == persona)
     ctxs = train_contexts(store, settings)
-    # The adapter learns on the request it serves in (lib.dialogue.agent_messages).
-    prompts = [opening_agent_messages(card, c, roster, settings.prompt_style) for c in ctxs]
+    # The adapter learns on the requests it serves in (lib.dialogue.agent_messages): the opening,
+    # and with group_history_turns also after other agents' turns (lib/group_history.py).
+    prompts, earlier = group_prompts(store, settings, card, roster, ctxs)
     # The reward model reads its own short form of each prompt (a dataset column TRL passes on).
     reward_prompts = [reward_messages(persona_tag(card), c) for c in ctxs]
     home = Home.from_env()
@@ -322,6 +358,11 @@ def persona_adapters(
     others = [c.name for c in roster if c.persona_id != persona]
     rewards = [reward_model_reward(scorer), format_reward(other_names=others)]
     weights = [settings.reward_model_weight, settings.format_reward_weight]
+    columns = {"reward_prompt": reward_prompts}
+    if settings.novelty_reward_weight > 0:
+        rewards.append(novelty_reward())
+        weights.append(settings.novelty_reward_weight)
+        columns["earlier_turns"] = earlier
     lora = lora_settings(settings)
     init = None
     if settings.policy_init == "sft":
@@ -350,13 +391,16 @@ def persona_adapters(
         t0 = time.monotonic()
         tracking.log_params({"base_model": base, "persona": persona, "prompts": len(prompts),
                              "reward_model_version": rm_version, "reward_weights": weights,
+                             "reward_funcs": [r.__name__ for r in rewards],
+                             "group_history_turns": settings.group_history_turns,
+                             "prompts_with_group_history": sum(e != "[]" for e in earlier),
                              "policy_init": settings.policy_init,
                              "warm_start_steps": settings.warm_start_steps,
                              **gs.__dict__, "lora": lora.__dict__})
         result = train_grpo_adapter(
             base, prompts, rewards, weights, gs, lora,
             ckpt / "grpo" / fingerprint(base, prompts, rm_version, gs, lora, weights, str(init)),
-            columns={"reward_prompt": reward_prompts}, init_adapter=init,
+            columns=columns, init_adapter=init,
             callbacks=[progress(context, f"GRPO {persona}")])
         timings["grpo_s"] = time.monotonic() - t0
         log_curves(tracking, {"reward": result.reward_curve, "kl": result.kl_curve,

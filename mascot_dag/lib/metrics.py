@@ -171,15 +171,26 @@ def _gram_set(text: str) -> set[tuple[str, ...]]:
     return set(ngrams(toks, 1)) | set(ngrams(toks, 2))
 
 
+def lexical_overlap(text: str, earlier: Sequence[str]) -> float | None:
+    """The largest fraction of `text`'s distinct word 1- and 2-grams that already occur in ONE of
+    the `earlier` texts (0 = nothing repeated, 1 = all of it said before); None when `text` has
+    no tokens or there is nothing earlier. The unit of `redundancy_lexical` and of Stage 1's
+    novelty reward (lib.rewards.NoveltyReward), so the two measure the same thing."""
+    grams = _gram_set(text)
+    if not grams or not earlier:
+        return None
+    return max(len(grams & _gram_set(e)) / len(grams) for e in earlier)
+
+
 def redundancy_lexical(turns: list[Turn]) -> float | None:
     """Embedding-free redundancy: for each agent turn with earlier turns, the largest fraction of
     its distinct word 1- and 2-grams that already occur in ONE earlier turn; averaged. Turns
     without tokens are skipped."""
-    grams = [_gram_set(t["text"]) for t in turns]
+    texts = [t["text"] for t in turns]
     scores = [
-        max(len(grams[i] & grams[j]) / len(grams[i]) for j in range(i))
-        for i, t in enumerate(turns)
-        if i > 0 and t.get("role") == "agent" and grams[i]
+        s for i, t in enumerate(turns)
+        if i > 0 and t.get("role") == "agent"
+        and (s := lexical_overlap(texts[i], texts[:i])) is not None
     ]
     return float(np.mean(scores)) if scores else None
 

@@ -8,11 +8,14 @@ becomes the logged metric name (`rewards/<name>/mean`). `None` means "not applic
 turns it into NaN and leaves it out of the sum).
 
 Composite reward of Stage 1: `reward_model_reward(scorer)` plus `format_reward(...)`, either passed
-as two functions with `reward_weights` (TRL logs each one) or folded into one with `combined(...)`.
+as two functions with `reward_weights` (TRL logs each one) or folded into one with `combined(...)`;
+with group history in the prompts, `novelty_reward()` adds what the persona reward never sees: how
+much of a reply the other agents already said.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -176,6 +179,58 @@ def reward_model_reward(scorer: Any, weight: float = 1.0) -> RewardModelReward:
     [0.83]
     """
     return RewardModelReward(scorer, weight)
+
+
+class NoveltyReward:
+    """1 - the reply's lexical overlap with the most similar EARLIER AGENT TURN of its prompt
+    (`lib.metrics.lexical_overlap`: share of its word 1-2 grams already in one earlier turn).
+
+    The persona reward model scores a reply against its persona and the context only, so adapters
+    trained on it alone learn the same on-topic reply for every persona and the group echoes
+    (docs/DESIGN.md "Evaluation 3"). This reward reads the dataset column `earlier_turns` (a JSON
+    list of the other agents' turns shown in the prompt, see `lib.dialogue.group_agent_messages`)
+    and is None (not applicable) where a prompt shows no earlier agent turn. An empty reply
+    scores 0.0.
+    """
+
+    __name__ = "novelty_reward"
+
+    def __call__(
+        self, completions: Sequence[Any], earlier_turns: Sequence[str] | None = None,
+        **kwargs: Any,
+    ) -> list[float | None]:
+        from mascot_dag.lib.metrics import lexical_overlap
+
+        if earlier_turns is None:
+            raise ValueError("novelty_reward needs the dataset column 'earlier_turns' (JSON list "
+                             "of the earlier agent turns in each prompt)")
+        out: list[float | None] = []
+        for i, (completion, raw) in enumerate(zip(completions, earlier_turns, strict=True)):
+            try:
+                earlier = json.loads(raw)
+            except (TypeError, json.JSONDecodeError) as exc:
+                raise ValueError(f"novelty_reward: earlier_turns #{i} is not a JSON list of "
+                                 f"strings: {str(raw)[:80]!r}") from exc
+            if not earlier:
+                out.append(None)
+                continue
+            overlap = lexical_overlap(completion_text(completion), earlier)
+            out.append(0.0 if overlap is None else round(1.0 - overlap, 6))
+        return out
+
+
+def novelty_reward() -> NoveltyReward:
+    """Reward what a reply adds to the other agents' earlier turns in its prompt.
+
+    >>> import json
+    >>> reward = novelty_reward()
+    >>> reward(["That sounds hard. What happened next?", "I am sorry you feel sad."],
+    ...        earlier_turns=[json.dumps(["I am sorry you feel sad."])] * 2)
+    [1.0, 0.0]
+    >>> reward(["Anything."], earlier_turns=["[]"])
+    [None]
+    """
+    return NoveltyReward()
 
 
 class CombinedReward:

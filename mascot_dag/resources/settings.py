@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dagster as dg
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 
 class LineageSettings(dg.ConfigurableResource):
@@ -102,6 +102,17 @@ class LineageSettings(dg.ConfigurableResource):
     )
     reward_model_weight: float = Field(default=1.0, description="Weight of the reward-model score.")
     format_reward_weight: float = Field(default=0.5, description="Weight of the format reward.")
+    group_history_turns: int = Field(
+        default=0, ge=0,
+        description="Group-aware Stage 1: GRPO prompts show 0..N earlier turns of the OTHER "
+        "personas (their Stage 1 candidates for the context) before this persona's turn, in "
+        "turn over the train contexts; 0 = the opening request only.",
+    )
+    novelty_reward_weight: float = Field(
+        default=0.0, ge=0.0,
+        description="Weight of the novelty reward (1 - lexical overlap with the most similar "
+        "earlier agent turn of the prompt); needs group_history_turns > 0.",
+    )
     lora_r: int = Field(default=8, description="LoRA rank for every adapter.")
     lora_targets: str = Field(
         default="all-linear",
@@ -179,6 +190,13 @@ class LineageSettings(dg.ConfigurableResource):
         "or `agent/consistency`, ...); empty: all nine. The study and paper profiles gate on "
         "the persona criteria the method is for, so relevance alone cannot promote.",
     )
+
+    @model_validator(mode="after")
+    def _novelty_needs_history(self) -> LineageSettings:
+        if self.novelty_reward_weight > 0 and self.group_history_turns == 0:
+            raise ValueError("novelty_reward_weight > 0 needs group_history_turns > 0: without "
+                             "earlier agent turns in the prompts there is nothing to be novel to")
+        return self
 
     @field_validator("gate_criteria")
     @classmethod
