@@ -29,6 +29,12 @@ stored base-director dialogues (back the DuckDB file up first to compare the two
         --set rollout_dialogues=4 --set director_compare_contexts=6 --report-only
     MASCOT_HOME=/path/to/study-home python scripts/study_eval.py --paired-with mascot \
         --methods mascot
+
+A/B of a lineage setting (e.g. group-aware Stage 1): copy the DuckDB file after the first
+evaluation, change the setting and retrain, evaluate the same method again, then
+
+    MASCOT_HOME=/path/to/study-home python scripts/study_eval.py --against before.duckdb \
+        --ab-method mascot_c
 """
 
 from __future__ import annotations
@@ -36,6 +42,8 @@ from __future__ import annotations
 import argparse
 import os
 import time
+
+import polars as pl
 
 os.environ.setdefault("MASCOT_PROFILE", "study")
 
@@ -150,6 +158,19 @@ def report() -> None:
         print(" | ".join(cells))
 
 
+def ab(against: str, method: str) -> None:
+    """This home's `method` minus the same method in `against` (a DuckDB file: another home's,
+    or this one's copied before a lineage change), paired by context (lib.ab)."""
+    from mascot_dag.lib.ab import compare, load_scores
+    from mascot_dag.lib.markdown import markdown_table
+    from mascot_dag.resources.store import DuckDBStore
+
+    here = DuckDBStore().db_path
+    table = compare(load_scores(against, method), load_scores(here, method))
+    print(f"{method}: {here} (treatment) minus {against} (control), paired by context")
+    print(markdown_table(table.with_columns(pl.col(pl.Float64).round(3))))
+
+
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--contexts", type=int, help="per mode (default: the profile's, with OOD)")
@@ -163,7 +184,14 @@ if __name__ == "__main__":
                     help="first Stage 2: rollouts, group judgments, director, director comparison")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="a lineage setting over the profile's (repeatable), as mascot demo --set")
+    ap.add_argument("--against", metavar="OTHER.duckdb",
+                    help="A/B: --ab-method here minus in this DuckDB file (e.g. a copy taken "
+                    "before a lineage change), paired by context; prints only that")
+    ap.add_argument("--ab-method", default="mascot", help="the method --against compares")
     a = ap.parse_args()
+    if a.against:
+        ab(a.against, a.ab_method)
+        raise SystemExit(0)
     res = resources(a.set)
     if a.stage2:
         stage2(res)
