@@ -83,6 +83,20 @@ def test_novelty_reward_grades_what_a_reply_adds():
         reward(["a"])
 
 
+def test_novelty_can_leave_the_users_topic_words_free():
+    reward = novelty_reward()
+    earlier = json.dumps(["Failing the driving test is hard. Practise parking every day."])
+    replies = ["Failing the driving test is hard.", "Practise parking every day."]
+    plain = reward(replies, earlier_turns=[earlier] * 2)
+    context = "I failed my driving test today and it is hard."
+    free = reward(replies, earlier_turns=[earlier] * 2, shared_context=[context] * 2)
+    # naming the user's topic stops counting as an echo; repeating the other agent's advice
+    # (not in the context) still does
+    assert plain[0] == 0.0 and free[0] > 0.5
+    assert plain[1] == free[1] == 0.0
+    assert lexical_overlap("a b", ["a b"], shared="") == 1.0
+
+
 def test_novelty_and_redundancy_measure_the_same_overlap():
     turns = [{"role": "user", "text": "I failed my test."},
              {"role": "agent", "text": "You failed your test, that hurts."},

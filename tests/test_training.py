@@ -331,7 +331,8 @@ def test_grpo_trains_and_resumes_after_interruption(base_model_path, tmp_path):
     )
     # the novelty reward reads its column; the first prompt shows no earlier turn (None there)
     columns = {"tag": ["first", "second"],
-               "earlier_turns": ["[]", json.dumps(["I hear you, that sounds hard."])]}
+               "earlier_turns": ["[]", json.dumps(["I hear you, that sounds hard."])],
+               "shared_context": ["I failed my driving test.", "My dog is sick."]}
     first = train_grpo_adapter(*args, callbacks=[StopAfterSteps(1)], columns=columns)
     assert first.steps == 1 and not first.completed and first.resumed_from is None
     assert (tmp_path / "grpo" / "checkpoints" / "checkpoint-1").is_dir()

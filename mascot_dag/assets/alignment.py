@@ -363,6 +363,8 @@ def persona_adapters(
         rewards.append(novelty_reward())
         weights.append(settings.novelty_reward_weight)
         columns["earlier_turns"] = earlier
+        if settings.novelty_ignores_context:
+            columns["shared_context"] = [c.text for c in ctxs]
     lora = lora_settings(settings)
     init = None
     if settings.policy_init == "sft":
@@ -393,13 +395,16 @@ def persona_adapters(
                              "reward_model_version": rm_version, "reward_weights": weights,
                              "reward_funcs": [r.__name__ for r in rewards],
                              "group_history_turns": settings.group_history_turns,
+                             "novelty_ignores_context": settings.novelty_ignores_context,
                              "prompts_with_group_history": sum(e != "[]" for e in earlier),
                              "policy_init": settings.policy_init,
                              "warm_start_steps": settings.warm_start_steps,
                              **gs.__dict__, "lora": lora.__dict__})
         result = train_grpo_adapter(
             base, prompts, rewards, weights, gs, lora,
-            ckpt / "grpo" / fingerprint(base, prompts, rm_version, gs, lora, weights, str(init)),
+            # the reward inputs (dataset columns) are part of what a checkpoint was trained on
+            ckpt / "grpo" / fingerprint(base, prompts, rm_version, gs, lora, weights, str(init),
+                                        sorted(columns)),
             columns=columns, init_adapter=init,
             callbacks=[progress(context, f"GRPO {persona}")])
         timings["grpo_s"] = time.monotonic() - t0

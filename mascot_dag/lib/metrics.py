@@ -171,15 +171,25 @@ def _gram_set(text: str) -> set[tuple[str, ...]]:
     return set(ngrams(toks, 1)) | set(ngrams(toks, 2))
 
 
-def lexical_overlap(text: str, earlier: Sequence[str]) -> float | None:
+def lexical_overlap(text: str, earlier: Sequence[str], shared: str = "") -> float | None:
     """The largest fraction of `text`'s distinct word 1- and 2-grams that already occur in ONE of
     the `earlier` texts (0 = nothing repeated, 1 = all of it said before); None when `text` has
     no tokens or there is nothing earlier. The unit of `redundancy_lexical` and of Stage 1's
-    novelty reward (lib.rewards.NoveltyReward), so the two measure the same thing."""
+    novelty reward (lib.rewards.NoveltyReward), so the two measure the same thing.
+
+    n-grams of `shared` (the context every speaker sees) do not count as repeated: two agents
+    naming the user's topic is not an echo, repeating what the other agent ADDED is.
+
+    >>> lexical_overlap("my dog is sick", ["your dog is sick"])
+    0.714286
+    >>> lexical_overlap("my dog is sick", ["your dog is sick"], shared="the dog is sick")
+    0.0
+    """
     grams = _gram_set(text)
     if not grams or not earlier:
         return None
-    return max(len(grams & _gram_set(e)) / len(grams) for e in earlier)
+    ignore = _gram_set(shared) if shared else set()
+    return round(max(len(grams & (_gram_set(e) - ignore)) / len(grams) for e in earlier), 6)
 
 
 def redundancy_lexical(turns: list[Turn]) -> float | None:

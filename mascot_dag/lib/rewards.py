@@ -190,22 +190,26 @@ class NoveltyReward:
     (docs/DESIGN.md "Evaluation 3"). This reward reads the dataset column `earlier_turns` (a JSON
     list of the other agents' turns shown in the prompt, see `lib.dialogue.group_agent_messages`)
     and is None (not applicable) where a prompt shows no earlier agent turn. An empty reply
-    scores 0.0.
+    scores 0.0. With the optional column `shared_context` (the context text every agent sees;
+    setting `novelty_ignores_context`) words of the context do not count as repeated, so naming
+    the user's topic is not punished, only repeating what another agent added.
     """
 
     __name__ = "novelty_reward"
 
     def __call__(
         self, completions: Sequence[Any], earlier_turns: Sequence[str] | None = None,
-        **kwargs: Any,
+        shared_context: Sequence[str] | None = None, **kwargs: Any,
     ) -> list[float | None]:
         from mascot_dag.lib.metrics import lexical_overlap
 
         if earlier_turns is None:
             raise ValueError("novelty_reward needs the dataset column 'earlier_turns' (JSON list "
                              "of the earlier agent turns in each prompt)")
+        shared = [""] * len(completions) if shared_context is None else shared_context
         out: list[float | None] = []
-        for i, (completion, raw) in enumerate(zip(completions, earlier_turns, strict=True)):
+        for i, (completion, raw, ctx) in enumerate(
+                zip(completions, earlier_turns, shared, strict=True)):
             try:
                 earlier = json.loads(raw)
             except (TypeError, json.JSONDecodeError) as exc:
@@ -214,7 +218,7 @@ class NoveltyReward:
             if not earlier:
                 out.append(None)
                 continue
-            overlap = lexical_overlap(completion_text(completion), earlier)
+            overlap = lexical_overlap(completion_text(completion), earlier, ctx or "")
             out.append(0.0 if overlap is None else round(1.0 - overlap, 6))
         return out
 
@@ -229,6 +233,9 @@ def novelty_reward() -> NoveltyReward:
     [1.0, 0.0]
     >>> reward(["Anything."], earlier_turns=["[]"])
     [None]
+    >>> reward(["Your dog is sick."], earlier_turns=[json.dumps(["My dog is sick."])],
+    ...        shared_context=["My dog is sick and I am worried."])
+    [1.0]
     """
     return NoveltyReward()
 

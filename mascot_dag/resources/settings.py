@@ -113,6 +113,12 @@ class LineageSettings(dg.ConfigurableResource):
         description="Weight of the novelty reward (1 - lexical overlap with the most similar "
         "earlier agent turn of the prompt); needs group_history_turns > 0.",
     )
+    novelty_ignores_context: bool = Field(
+        default=False,
+        description="The novelty reward does not count words of the context (what every agent "
+        "sees) as repeated: naming the user's topic is not an echo, repeating what another "
+        "agent added is.",
+    )
     lora_r: int = Field(default=8, description="LoRA rank for every adapter.")
     lora_targets: str = Field(
         default="all-linear",
