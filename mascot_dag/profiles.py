@@ -43,7 +43,6 @@ def settings_for(name: str):
             grpo_generations=2, grpo_completion_tokens=8, probe_contexts=2, probe_seeds=1,
             # the group-aware Stage 1 path (one of the 2 prompts shows another persona's turn)
             group_history_turns=1, novelty_reward_weight=0.5,
-            novelty_ignores_context=True,
             rollout_dialogues=1, agent_turns=2, block_size=2, director_steps=1,
             director_compare_seeds=1, eval_contexts=1, gate_min_contexts=1,
         )

@@ -117,7 +117,8 @@ class LineageSettings(dg.ConfigurableResource):
         default=False,
         description="The novelty reward does not count words of the context (what every agent "
         "sees) as repeated: naming the user's topic is not an echo, repeating what another "
-        "agent added is.",
+        "agent added is. Measured on the study Stage 1: no relevance regained, less "
+        "engagement gain (docs/DESIGN.md \"Group-aware Stage 1\", arm C); off by default.",
     )
     lora_r: int = Field(default=8, description="LoRA rank for every adapter.")
     lora_targets: str = Field(
