@@ -58,6 +58,11 @@ def settings_for(name: str):
             max_train_contexts=40, k_candidates=4, policy_sft_steps=16, reward_steps=60,
             warm_start_steps=0, grpo_steps=20, probe_contexts=32, probe_seeds=2,
             reward_blocking=True, probe_blocking=True,
+            # group-aware Stage 1 (measured 2026-12-04, docs/DESIGN.md "Group-aware Stage 1"):
+            # support-mode persona gate +8.9* and collective engagement +21.5* over opening-only
+            # adapters, relevance -16*; the first Stage 1 above zero-shot on the gate
+            # (+2.6 [+0.4, +4.9], n = 64); GRPO ~1.5x slower per step (longer prompts)
+            group_history_turns=2, novelty_reward_weight=3.0,
             # the evaluation design: >= 32 held-out contexts per mode, >= 6 agent turns
             agent_turns=6, agents_per_round=2, eval_contexts=32,
             # Stage 2 that moves the director (measured 2026-12-04, docs/DESIGN.md "Stage 2 at
