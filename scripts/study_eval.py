@@ -43,8 +43,6 @@ import argparse
 import os
 import time
 
-import polars as pl
-
 os.environ.setdefault("MASCOT_PROFILE", "study")
 
 
@@ -161,6 +159,8 @@ def report() -> None:
 def ab(against: str, method: str) -> None:
     """This home's `method` minus the same method in `against` (a DuckDB file: another home's,
     or this one's copied before a lineage change), paired by context (lib.ab)."""
+    import polars as pl
+
     from mascot_dag.lib.ab import compare, load_scores
     from mascot_dag.lib.markdown import markdown_table
     from mascot_dag.resources.store import DuckDBStore

@@ -88,7 +88,8 @@ def test_errors_name_the_file_method_and_context(tmp_path):
     broken = rows.with_columns(value=pl.when((pl.col("context_id") == "c1")
                                              & (pl.col("level") == "agent"))
                                .then(60.0).otherwise(pl.col("value")))
-    with pytest.raises(ValueError, match="treatment: context c1 agent/.*60.0 outside 1-5"):
+    with pytest.raises(ValueError,
+                       match=r"treatment: .*dialogue_id=mascot_c-c1.*value 60\.0"):
         compare(rows, broken)
     swapped = rows.with_columns(mode=pl.when(pl.col("context_id") == "c0").then(pl.lit("x"))
                                 .otherwise(pl.col("mode")))

@@ -12,6 +12,7 @@ from mascot_dag.lib.group_history import (
     earlier_column,
     earlier_turns,
     group_agent_messages,
+    group_prompts,
     history_sizes,
 )
 from mascot_dag.lib.metrics import lexical_overlap, redundancy_lexical
@@ -60,6 +61,16 @@ def test_group_messages_show_the_earlier_turns_in_the_serving_form():
     assert transcript.index("feel so stupid") < transcript.index("What part")
     assert user.endswith(f"Write your next turn as {card.name}.")
     assert json.loads(earlier_column(earlier, SUPPORT)) == ["What part of the test went wrong?"]
+
+
+def test_group_prompts_cycle_history_and_name_contexts_without_candidates():
+    card = SUPPORT[0]
+    prompts, earlier = group_prompts(card, SUPPORT, [ED, ED], "zero_shot", 1, 3,
+                                     {ED.context_id: POOL})
+    assert prompts[0] == opening_agent_messages(card, ED, SUPPORT, "zero_shot")
+    assert json.loads(earlier[0]) == [] and len(json.loads(earlier[1])) == 1
+    with pytest.raises(ValueError, match=f"none for train contexts \\['{ED.context_id}'\\]"):
+        group_prompts(card, SUPPORT, [ED, ED], "zero_shot", 1, 3, {})
 
 
 def test_novelty_reward_grades_what_a_reply_adds():

@@ -33,12 +33,8 @@ from mascot_dag.assets.registry import POLICY_SFT_MODEL, fetch, latest_version
 from mascot_dag.assets.registry import REWARD_MODEL as REWARD_MODEL_NAME
 from mascot_dag.lib import probe
 from mascot_dag.lib.dialogue import opening_agent_messages
-from mascot_dag.lib.group_history import (
-    earlier_column,
-    earlier_turns,
-    group_agent_messages,
-    history_sizes,
-)
+from mascot_dag.lib.group_history import candidate_pools
+from mascot_dag.lib.group_history import group_prompts as build_group_prompts
 from mascot_dag.lib.home import Home
 from mascot_dag.lib.judges.base import ResponseItem
 from mascot_dag.lib.judges.features import card_grams, copied_grams
@@ -273,29 +269,15 @@ def persona_reward_model(
 
 def group_prompts(store: DuckDBStore, settings: LineageSettings, card, roster,
                   ctxs) -> tuple[list[list[dict]], list[str]]:
-    """The GRPO prompts of one persona and, per prompt, the JSON list of earlier agent turns it
-    shows (`earlier_turns`, what NoveltyReward reads): the opening request for every context when
-    `group_history_turns` is 0, else 0..N turns of the other personas' candidates in turn."""
-    sizes = history_sizes(len(ctxs), settings.group_history_turns)
-    pools: dict[str, dict[str, list[str]]] = {}
+    """The GRPO prompts of one persona and their `earlier_turns` column
+    (lib.group_history.group_prompts), the other personas' candidates read from the store."""
+    pools = {}
     if settings.group_history_turns > 0:
-        cands = store.frame("SELECT context_id, persona_id, text FROM candidates "
-                            "ORDER BY context_id, persona_id, sample_idx")
-        for cid, pid, text in cands.rows():
-            pools.setdefault(cid, {}).setdefault(pid, []).append(text)
-        missing = [c.context_id for c, n in zip(ctxs, sizes, strict=True)
-                   if n and c.context_id not in pools]
-        if missing:
-            raise ValueError(f"group_history_turns={settings.group_history_turns} needs the other "
-                             f"personas' candidates; none for train contexts {missing[:5]}: "
-                             "materialise candidate_responses for every persona")
-    prompts, earlier = [], []
-    for c, n in zip(ctxs, sizes, strict=True):
-        turns = earlier_turns(c.context_id, card.persona_id, n, pools.get(c.context_id, {}),
-                              settings.seed) if n else []
-        prompts.append(group_agent_messages(card, c, roster, settings.prompt_style, turns))
-        earlier.append(earlier_column(turns, roster))
-    return prompts, earlier
+        pools = candidate_pools(store.frame(
+            "SELECT context_id, persona_id, text FROM candidates "
+            "ORDER BY context_id, persona_id, sample_idx").rows())
+    return build_group_prompts(card, roster, ctxs, settings.prompt_style,
+                               settings.group_history_turns, settings.seed, pools)
 
 
 def warm_start_examples(store: DuckDBStore, settings: LineageSettings, card, roster,

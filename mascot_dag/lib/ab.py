@@ -19,12 +19,11 @@ from pathlib import Path
 
 import polars as pl
 
-from mascot_dag.lib.champion import JUDGE_LEVELS, PERSONA_CRITERIA
+from mascot_dag.lib.champion import JUDGE_LEVELS, PERSONA_CRITERIA, judge_rows_100
 from mascot_dag.lib.db import connect
 from mascot_dag.lib.stats import paired_cluster_bootstrap, significance_mark
-from mascot_dag.lib.types import to_100
 
-NEEDED = ("context_id", "mode", "level", "judge", "criterion", "value")
+NEEDED = ("method", "dialogue_id", "context_id", "mode", "level", "judge", "criterion", "value")
 RESULT_SCHEMA = {"group": pl.String, "level": pl.String, "criterion": pl.String,
                  "n_contexts": pl.Int64, "control": pl.Float64, "treatment": pl.Float64,
                  "difference": pl.Float64, "lo": pl.Float64, "hi": pl.Float64,
@@ -38,26 +37,23 @@ def per_context(rows: pl.DataFrame, label: str = "rows") -> pl.DataFrame:
     missing = [c for c in NEEDED if c not in rows.columns]
     if missing:
         raise ValueError(f"{label}: columns {missing} missing (need {list(NEEDED)})")
-    df = rows.with_columns(value=pl.col("value").cast(pl.Float64).fill_nan(None)).filter(
-        pl.col("value").is_not_null())
-    judge = pl.col("level").is_in(JUDGE_LEVELS)
-    bad = df.filter(judge & ((pl.col("value") < 1.0) | (pl.col("value") > 5.0)))
-    if bad.height:
-        r = bad.row(0, named=True)
-        raise ValueError(f"{label}: context {r['context_id']} {r['level']}/{r['criterion']} "
-                         f"({r['judge']}) has judge value {r['value']} outside 1-5")
-    df = df.with_columns(value=pl.when(judge).then(to_100(pl.col("value")))
-                         .otherwise(pl.col("value")))
+    try:  # the reports' own 1-5 check and 0-100 scale for judge rows
+        judged = judge_rows_100(rows)
+    except ValueError as exc:
+        raise ValueError(f"{label}: {exc}") from exc
+    auto = rows.filter(~pl.col("level").is_in(JUDGE_LEVELS)).with_columns(
+        value=pl.col("value").cast(pl.Float64).fill_nan(None)).drop_nulls("value")
+    df = pl.concat([judged.select(NEEDED), auto.select(NEEDED)])
     keys = ["context_id", "mode", "level", "criterion"]
     base = df.group_by(keys).agg(pl.col("value").mean())
-    judged = base.filter(pl.col("level").is_in(JUDGE_LEVELS))
+    per_judged = base.filter(pl.col("level").is_in(JUDGE_LEVELS))
     name = pl.col("level") + "/" + pl.col("criterion")
-    persona = (judged.filter(name.is_in(PERSONA_CRITERIA))
+    persona = (per_judged.filter(name.is_in(PERSONA_CRITERIA))
                .group_by("context_id", "mode")
                .agg(pl.col("value").mean(), n=pl.len())
                .filter(pl.col("n") == len(PERSONA_CRITERIA)).drop("n")
                .with_columns(level=pl.lit("gate"), criterion=pl.lit("persona")))
-    overall = (judged.group_by("context_id", "mode").agg(pl.col("value").mean())
+    overall = (per_judged.group_by("context_id", "mode").agg(pl.col("value").mean())
                .with_columns(level=pl.lit("judge"), criterion=pl.lit("all")))
     return pl.concat([base, persona.select(keys + ["value"]), overall.select(keys + ["value"])])
 
@@ -93,7 +89,8 @@ def compare(control: pl.DataFrame, treatment: pl.DataFrame, n_boot: int = 2000,
                                                                        "criterion")
 
 
-SCORES_SQL = ("SELECT d.context_id, d.mode, s.level, s.judge, s.criterion, s.value "
+SCORES_SQL = ("SELECT s.method, s.dialogue_id, d.context_id, d.mode, s.level, s.judge, "
+              "s.criterion, s.value "
               "FROM eval_scores s JOIN dialogues d USING (dialogue_id) "
               "WHERE d.stage = 'eval' AND s.method = ?")
 

@@ -72,3 +72,39 @@ def group_agent_messages(
 def earlier_column(earlier: Sequence[tuple[str, str]], roster: list[PersonaCard]) -> str:
     """The `earlier_turns` dataset column NoveltyReward reads: a JSON list of the cleaned texts."""
     return json.dumps([clean_agent_text(text, roster) for _, text in earlier])
+
+
+def candidate_pools(rows) -> dict[str, dict[str, list[str]]]:
+    """context id -> persona id -> candidate texts, from (context_id, persona_id, text) rows."""
+    pools: dict[str, dict[str, list[str]]] = {}
+    for cid, pid, text in rows:
+        pools.setdefault(cid, {}).setdefault(pid, []).append(text)
+    return pools
+
+
+def group_prompts(
+    card: PersonaCard,
+    roster: list[PersonaCard],
+    contexts: Sequence[Context],
+    prompt_style: str,
+    max_turns: int,
+    seed: int,
+    pools: Mapping[str, Mapping[str, Sequence[str]]],
+) -> tuple[list[list[Message]], list[str]]:
+    """One persona's GRPO prompts and, per prompt, the JSON list of earlier agent turns it shows
+    (the `earlier_turns` column NoveltyReward reads): 0..max_turns turns of the other personas'
+    candidates in turn (`history_sizes`). ValueError names the contexts without candidates."""
+    sizes = history_sizes(len(contexts), max_turns)
+    missing = [c.context_id for c, n in zip(contexts, sizes, strict=True)
+               if n and c.context_id not in pools]
+    if missing:
+        raise ValueError(f"group_history_turns={max_turns} needs the other personas' candidates; "
+                         f"none for train contexts {missing[:5]}: materialise "
+                         "candidate_responses for every persona")
+    prompts, earlier = [], []
+    for c, n in zip(contexts, sizes, strict=True):
+        turns = earlier_turns(c.context_id, card.persona_id, n, pools.get(c.context_id, {}),
+                              seed) if n else []
+        prompts.append(group_agent_messages(card, c, roster, prompt_style, turns))
+        earlier.append(earlier_column(turns, roster))
+    return prompts, earlier

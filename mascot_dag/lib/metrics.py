@@ -180,8 +180,8 @@ def lexical_overlap(text: str, earlier: Sequence[str], shared: str = "") -> floa
     n-grams of `shared` (the context every speaker sees) do not count as repeated: two agents
     naming the user's topic is not an echo, repeating what the other agent ADDED is.
 
-    >>> lexical_overlap("my dog is sick", ["your dog is sick"])
-    0.714286
+    >>> round(lexical_overlap("my dog is sick", ["your dog is sick"]), 4)
+    0.7143
     >>> lexical_overlap("my dog is sick", ["your dog is sick"], shared="the dog is sick")
     0.0
     """
@@ -189,19 +189,20 @@ def lexical_overlap(text: str, earlier: Sequence[str], shared: str = "") -> floa
     if not grams or not earlier:
         return None
     ignore = _gram_set(shared) if shared else set()
-    return round(max(len(grams & (_gram_set(e) - ignore)) / len(grams) for e in earlier), 6)
+    return _overlap(grams, [_gram_set(e) - ignore for e in earlier])
+
+
+def _overlap(grams: set, earlier: Sequence[set]) -> float:
+    return max(len(grams & e) / len(grams) for e in earlier)
 
 
 def redundancy_lexical(turns: list[Turn]) -> float | None:
     """Embedding-free redundancy: for each agent turn with earlier turns, the largest fraction of
     its distinct word 1- and 2-grams that already occur in ONE earlier turn; averaged. Turns
     without tokens are skipped."""
-    texts = [t["text"] for t in turns]
-    scores = [
-        s for i, t in enumerate(turns)
-        if i > 0 and t.get("role") == "agent"
-        and (s := lexical_overlap(texts[i], texts[:i])) is not None
-    ]
+    grams = [_gram_set(t["text"]) for t in turns]  # once per turn, not once per later turn
+    scores = [_overlap(grams[i], grams[:i]) for i, t in enumerate(turns)
+              if i > 0 and t.get("role") == "agent" and grams[i]]
     return float(np.mean(scores)) if scores else None
 
 

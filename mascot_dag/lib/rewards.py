@@ -20,6 +20,8 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from mascot_dag.lib.metrics import lexical_overlap
+
 RewardFunc = Callable[..., list[float | None]]
 
 # Phrases by which a persona breaks character into the generic assistant voice.
@@ -201,8 +203,6 @@ class NoveltyReward:
         self, completions: Sequence[Any], earlier_turns: Sequence[str] | None = None,
         shared_context: Sequence[str] | None = None, **kwargs: Any,
     ) -> list[float | None]:
-        from mascot_dag.lib.metrics import lexical_overlap
-
         if earlier_turns is None:
             raise ValueError("novelty_reward needs the dataset column 'earlier_turns' (JSON list "
                              "of the earlier agent turns in each prompt)")
