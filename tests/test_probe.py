@@ -104,3 +104,91 @@ def test_paired_cluster_bootstrap_resamples_contexts_not_units():
         ""
     empty = paired_cluster_bootstrap([], [])
     assert empty["n_units"] == 0 and empty["mean"] != empty["mean"]  # NaN
+
+
+def _roster_rows(gains: dict[str, int], n_contexts: int = 12) -> pl.DataFrame:
+    """persona_probe-shaped rows: for each persona, the adapter is identifiable on its first
+    `gain` contexts (negative: the base is identifiable there and the adapter is not)."""
+    rows = []
+    for persona, gain in gains.items():
+        for c in range(n_contexts):
+            for s in range(2):
+                hit = c < abs(gain)
+                for arm, ident in (("base", hit and gain < 0), ("adapter", hit and gain > 0)):
+                    rows.append({"persona_id": persona, "context_id": f"c{c}", "seed": s,
+                                 "arm": arm, "model_version": f"m-{persona}/1" if arm ==
+                                 "adapter" else "base", "text": f"{arm} {c} {s}",
+                                 "predicted": persona if ident else "other",
+                                 "identifiable": float(ident), "consistency": 3.0,
+                                 "relevance": 3.0, "copied": 0.0})
+    return pl.DataFrame(rows)
+
+
+ROSTER = ("anchor", "beacon", "catalyst", "action_guide")
+
+
+def test_roster_verdict_pools_personas_and_still_blocks_one_made_worse():
+    def verdict(gains, n_contexts=12, min_contexts=6):
+        rows = _roster_rows(gains, n_contexts)
+        return probe.roster_verdict(probe.summarise(rows), list(gains), min_contexts)
+
+    # two personas gain clearly, two not at all: no single weak persona blocks the roster
+    mixed = verdict({"anchor": 6, "catalyst": 6, "beacon": 0, "action_guide": 0})
+    assert mixed.passed and mixed.lo > 0 and mixed.n_contexts == 12 and mixed.n_units == 96
+    assert mixed.gain == pytest.approx(0.25) and not mixed.worse
+    assert "beacon +0.0" in mixed.description and "pooled" in mixed.description
+    # nobody gains: the pooled CI holds zero
+    assert not verdict(dict.fromkeys(ROSTER, 0)).passed
+    # a pooled gain, but one persona made significantly worse on every context: blocks
+    worse = verdict({"anchor": 12, "catalyst": 12, "beacon": 12, "action_guide": -12})
+    assert worse.gain > 0 and worse.lo > 0 and worse.worse == ("action_guide",)
+    assert not worse.passed and "significantly worse: action_guide" in worse.description
+    # too few contexts for a mark, however clear
+    assert not verdict(dict.fromkeys(ROSTER, 4), n_contexts=4).passed
+
+
+def test_roster_verdict_names_a_persona_without_probe_rows():
+    summary = probe.summarise(_roster_rows({"anchor": 3, "beacon": 3}))
+    with pytest.raises(ValueError, match=r"no rows for persona\(s\) \['catalyst'\]"):
+        probe.roster_verdict(summary, ["anchor", "beacon", "catalyst"], 6)
+
+
+@pytest.mark.parametrize("blocking", [True, False])
+def test_roster_probe_asset_is_the_stage1_gate(tmp_path, blocking):
+    """The asset reads persona_probe from a real DuckDB file, logs to a real MLflow store and
+    fails its run only when the profile makes the check blocking."""
+    import dagster as dg
+
+    from mascot_dag.assets.alignment import persona_roster_probe
+    from mascot_dag.lib.db import replace_rows
+    from mascot_dag.resources.settings import LineageSettings
+    from mascot_dag.resources.store import DuckDBStore
+    from mascot_dag.resources.tracking import MLflowResource
+
+    db = str(tmp_path / "m.duckdb")
+    tracking = MLflowResource(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db",
+                              artifact_root=str(tmp_path / "art"))
+    resources = {"store": DuckDBStore(path=db), "tracking": tracking,
+                 "settings": LineageSettings(probe_blocking=blocking)}
+
+    def run(gains):
+        replace_rows(db, "persona_probe", _roster_rows(gains))
+        return dg.materialize([persona_roster_probe], resources=resources, raise_on_error=False)
+
+    good = run({"anchor": 6, "catalyst": 6, "beacon": 0, "action_guide": 0})
+    check = good.get_asset_check_evaluations()[0]
+    assert good.success and check.passed and check.check_name == "roster_fidelity_effect"
+    meta = good.asset_materializations_for_node("persona_roster_probe")[0].metadata
+    assert meta["n_units"].value == 96 and meta["identifiable_gain"].value == pytest.approx(0.25)
+    assert "m-anchor/1" in meta["adapters"].value
+
+    flat = run(dict.fromkeys(ROSTER, 0))
+    assert not flat.get_asset_check_evaluations()[0].passed
+    assert flat.success is not blocking  # blocking: the run fails, so Stage 2 never starts
+
+    import mlflow
+
+    mlflow.set_tracking_uri(tracking.uri)
+    runs = mlflow.search_runs(experiment_names=["stage1_persona_alignment"])
+    assert sorted(runs["params.passed"]) == ["False", "True"]
+    assert runs["metrics.roster_n_units"].tolist() == [96.0, 96.0]

@@ -97,7 +97,10 @@ def dialogue_metadata(dialogues, turns, directives, **extra) -> dict:
     )
 
 
-@dg.asset(group_name="collaboration", deps=["persona_adapters", "contexts", "persona_cards"],
+# persona_roster_probe: Stage 1's gate (its blocking check stops Stage 2 when the roster did not
+# become more identifiable)
+@dg.asset(group_name="collaboration", deps=["persona_adapters", "persona_roster_probe", "contexts",
+                                            "persona_cards"],
           kinds={"duckdb", "pytorch"}, pool=DUCKDB_POOL, retry_policy=TRANSIENT_RETRY)
 def group_rollouts(
     store: DuckDBStore, chat: ChatModelResource, tracking: MLflowResource, settings: LineageSettings

@@ -39,7 +39,8 @@ def training_params(tracking: MLflowResource, version: str) -> dict:
     return {k: params.get(k, "n/a (not logged)") for k in TRAINING_PARAMS}
 
 
-@dg.asset(group_name="collaboration", deps=[director_adapter, "contexts", "persona_adapters"],
+@dg.asset(group_name="collaboration", deps=[director_adapter, "contexts", "persona_adapters",
+                                             "persona_roster_probe"],
           kinds={"duckdb", "pytorch"}, pool=DUCKDB_POOL, retry_policy=TRANSIENT_RETRY)
 def director_comparison(
     store: DuckDBStore,

@@ -58,7 +58,7 @@ warnings.filterwarnings("ignore", message="Parameter `backfill_policy`")
 @dg.asset(group_name="evaluation", partitions_def=method_partitions,
           # every persona adapter (the default between two partitionings would be identity:
           # method "mascot" -> persona "mascot", which does not exist)
-          deps=["director_adapter", "policy_sft", "contexts",
+          deps=["director_adapter", "policy_sft", "contexts", "persona_roster_probe",
                 dg.AssetDep("persona_adapters", partition_mapping=dg.AllPartitionMapping())],
           # a backfill of several methods is ONE run: the model and every adapter load once
           # instead of once per method (docs/DESIGN.md, "Whole-lineage runs")
@@ -345,9 +345,9 @@ def eval_report(
         for m, v in result.headline.items():
             if v is not None:
                 tracking.log_curve(f"overall.{m}", [(0, v)])
+        tracking.log_metrics(metrics)
         import mlflow
 
-        mlflow.log_metrics(metrics)
         mlflow.set_tags({**tags, "champion_moved": ",".join(moved) or "none"})
         mlflow.log_artifacts(str(out), artifact_path="report")
     return dg.MaterializeResult(

@@ -86,6 +86,13 @@ def log_params(params: Mapping[str, Any]) -> None:
     mlflow.log_params({k: _param_value(v) for k, v in params.items()})
 
 
+def log_metrics(metrics: Mapping[str, float]) -> None:
+    """Log single-valued metrics of the active run."""
+    import mlflow
+
+    mlflow.log_metrics(dict(metrics))
+
+
 def log_curve(name: str, points: Sequence[tuple[int, float]], run_id: str | None = None) -> int:
     """Log a metric curve [(step, value), ...] in one batch; returns the number of points logged."""
     from mlflow.entities import Metric

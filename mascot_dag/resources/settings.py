@@ -135,7 +135,9 @@ class LineageSettings(dg.ConfigurableResource):
     )
     probe_blocking: bool = Field(
         default=False,
-        description="Fail the run when the probe's identifiability gain CI includes zero (study).",
+        description="Stage 1's gate blocks Stage 2 and the evaluation (study) when the roster's "
+        "pooled identifiability gain CI includes zero or one persona is made significantly worse "
+        "(persona_roster_probe); per-persona results stay warnings.",
     )
     use_cpu: bool = Field(default=True, description="Train on CPU (no bf16).")
     rollout_dialogues: int = Field(default=1, description="Stage 2 dialogues per mode.")

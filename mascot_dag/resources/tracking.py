@@ -66,6 +66,9 @@ class MLflowResource(dg.ConfigurableResource):
     def log_params(self, params: Mapping[str, Any]) -> None:
         tracking.log_params(params)
 
+    def log_metrics(self, metrics: Mapping[str, float]) -> None:
+        tracking.log_metrics(metrics)
+
     def log_curve(
         self, name: str, points: Sequence[tuple[int, float]], run_id: str | None = None
     ) -> int:
