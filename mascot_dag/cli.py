@@ -37,7 +37,9 @@ def demo(
     from mascot_dag.lib.quiet import quiet_libraries
 
     quiet_libraries()  # before transformers, datasets and mlflow are imported
-    from mascot_dag.pipeline import prepare_home
+    from mascot_dag.pipeline import interruptible, prepare_home
+
+    interruptible()
 
     if profile:
         os.environ["MASCOT_PROFILE"] = profile
@@ -65,8 +67,14 @@ def demo(
             typer.echo("    " + e.strip().splitlines()[-1][:300], err=True)
 
     with dg.DagsterInstance.get() as instance:
-        results = run_lineage(resources, instance=instance, on_step=progress,
-                              missing_only=missing_only)
+        try:
+            results = run_lineage(resources, instance=instance, on_step=progress,
+                                  missing_only=missing_only)
+        except KeyboardInterrupt:
+            typer.echo(f"\nStopped after {time.monotonic() - t0:.0f} s: the asset run in progress "
+                       "is recorded as failed. `mascot demo --missing-only` goes on from there.",
+                       err=True)
+            raise typer.Exit(130) from None
     failed = [r for r in results if not r.success]
     typer.echo(f"\nLineage finished in {time.monotonic() - t0:.0f} s ({len(results)} runs"
                f"{f', {len(failed)} failed' if failed else ''}).")

@@ -13,7 +13,11 @@ asset partition skips what depends on it and nothing else.
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import os
+import signal
+import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -51,6 +55,18 @@ def prepare_home(home: Home | None = None) -> Home:
     os.environ.setdefault("DAGSTER_HOME", str(home.dagster_home))
     write_dagster_yaml(os.environ["DAGSTER_HOME"])
     return home
+
+
+def interruptible() -> None:
+    """Make SIGINT and SIGTERM stop the walk (call once, in the main thread, before it starts).
+
+    Dagster maps SIGTERM onto whatever handles SIGINT while a run executes. A process that a
+    non-interactive shell starts in the background inherits SIGINT *ignored*, so `mascot demo &`
+    (nohup, a CI step, a supervisor script) could not be stopped with `kill PID`: it ran on
+    (measured). Both signals now raise KeyboardInterrupt, which Dagster turns into an interrupted
+    run, and `run_lineage` stops at it."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
 
 
 def write_dagster_yaml(dagster_home: str | os.PathLike) -> None:
@@ -294,6 +310,50 @@ def _succeeded(result, step: Step, checks_by_op: dict[str, dg.AssetKey]) -> set[
     return {k for k in step.assets if k in made and k not in bad}
 
 
+class StepInterrupted(dg.Failure):
+    """Raised inside the running step when the walk is stopped (SIGINT/SIGTERM). A Failure that
+    allows no retry: the assets' TRANSIENT_RETRY would otherwise restart the step, which is what
+    Dagster does with an interrupt it catches itself (measured: `kill PID` became "retry in 5s")."""
+
+    def __init__(self) -> None:
+        super().__init__(description="stopped by SIGINT/SIGTERM (mascot demo was interrupted)",
+                         allow_retries=False)
+
+
+def _in_worker(fn: Callable[[], dg.ExecuteInProcessResult]) -> dg.ExecuteInProcessResult:
+    """Run one asset run in a worker thread, so that SIGINT/SIGTERM reach the main thread (Dagster
+    installs its handlers only on the main thread). On KeyboardInterrupt the step gets a
+    StepInterrupted at its next Python bytecode, the run is recorded as failed (so `--missing-only`
+    redoes it; DuckDB writes are transactions, so nothing is half-written) and the interrupt goes
+    on to the caller."""
+    box: dict = {}
+    # an Event, not Thread.join: a join that KeyboardInterrupt broke leaves the thread looking
+    # finished to the next join (CPython 3.11), and the run would stay "started" forever
+    done = threading.Event()
+
+    def target() -> None:
+        try:
+            box["result"] = fn()
+        except BaseException as exc:  # handed to the main thread
+            box["error"] = exc
+        finally:
+            done.set()
+
+    worker = threading.Thread(target=target, name="mascot-asset-run", daemon=True)
+    worker.start()
+    try:
+        while not done.wait(0.5):
+            pass
+    except KeyboardInterrupt:
+        ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(worker.ident),
+                                                   ctypes.py_object(StepInterrupted))
+        done.wait(120)  # a long native call (a backward pass) ends first
+        raise
+    if "error" in box:
+        raise box["error"]
+    return box["result"]
+
+
 def run_lineage(
     resources: dict,
     instance: dg.DagsterInstance | None = None,
@@ -322,10 +382,10 @@ def run_lineage(
                 run_tags.update({ASSET_PARTITION_RANGE_START_TAG: step.partition_keys[0],
                                  ASSET_PARTITION_RANGE_END_TAG: step.partition_keys[-1]})
                 key = None
-            result = job.execute_in_process(
-                instance=instance, asset_selection=list(step.assets),
+            result = _in_worker(functools.partial(
+                job.execute_in_process, instance=instance, asset_selection=list(step.assets),
                 partition_key=key, run_config=QUIET_RUN_CONFIG,
-                tags=run_tags, raise_on_error=False)
+                tags=run_tags, raise_on_error=False))
             ok = _succeeded(result, step, checks_by_op)
             walk.record(step, ok)
             errors = tuple(e.step_failure_data.error.to_string()[-2000:]

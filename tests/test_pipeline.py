@@ -150,3 +150,49 @@ def test_demo_set_overrides_profile_settings_or_names_the_bad_assignment(tmp_pat
     out = CliRunner().invoke(app, ["demo", "--profile", "tiny", "--set", "grpo_stepz=3"], env=env)
     assert out.exit_code == 2 and "grpo_stepz" in out.output
     assert not list((tmp_path / "h" / "dagster").glob("history/runs/*"))
+
+
+@pytest.mark.parametrize("signum", ["SIGTERM", "SIGINT"])
+def test_a_signal_stops_the_asset_run_without_a_retry(tmp_path, signum):
+    """`kill PID` or Ctrl-C during a step: the step fails at once (its retry policy would
+    otherwise restart it, as Dagster does with interrupts it catches), the run is recorded as
+    FAILED (so --missing-only redoes it) and the interrupt reaches the caller."""
+    import os
+    import signal
+    import threading
+    import time
+
+    from mascot_dag.pipeline import _in_worker, interruptible
+
+    @dg.asset(retry_policy=dg.RetryPolicy(max_retries=2, delay=1))
+    def slow() -> None:
+        for _ in range(300):  # 30 s unless stopped
+            time.sleep(0.1)
+
+    job = dg.Definitions(assets=[slow]).resolve_implicit_global_asset_job_def()
+    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        with dg.DagsterInstance.local_temp(str(tmp_path)) as instance:
+            interruptible()
+            threading.Timer(1.0, os.kill, (os.getpid(), getattr(signal, signum))).start()
+            t0 = time.monotonic()
+            with pytest.raises(KeyboardInterrupt):
+                _in_worker(lambda: job.execute_in_process(instance=instance,
+                                                          raise_on_error=False))
+            stopped = time.monotonic() - t0
+            run = instance.get_runs()[0]
+            events = [e.dagster_event.event_type_value for e in instance.all_logs(run.run_id)
+                      if e.dagster_event]
+    finally:
+        for s, h in saved.items():
+            signal.signal(s, h)
+    assert stopped < 15
+    assert run.status == dg.DagsterRunStatus.FAILURE
+    assert "STEP_FAILURE" in events and "STEP_UP_FOR_RETRY" not in events
+    # a finished run comes back unchanged
+    (tmp_path / "ok").mkdir()
+    with dg.DagsterInstance.local_temp(str(tmp_path / "ok")) as instance:
+        quick = dg.Definitions(assets=[dg.asset(name="quick")(lambda: None)])
+        result = _in_worker(lambda: quick.resolve_implicit_global_asset_job_def()
+                            .execute_in_process(instance=instance))
+        assert result.success
