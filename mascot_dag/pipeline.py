@@ -354,6 +354,44 @@ def _in_worker(fn: Callable[[], dg.ExecuteInProcessResult]) -> dg.ExecuteInProce
     return box["result"]
 
 
+# A run that has not finished; after its process died it stays so forever (no daemon watches
+# in-process runs) and keeps its slot of the "duckdb" pool, so every later demo waited on it.
+UNFINISHED = [dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTING,
+              dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.CANCELING]
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process
+        return True
+    return True
+
+
+def release_orphaned_runs(instance: dg.DagsterInstance) -> list[str]:
+    """Mark failed, and free the pool slots of, the unfinished runs of an earlier `mascot demo`
+    whose process is gone (SIGKILL, out of memory, a power cut): found 2026-12-04, when a demo
+    after a killed one waited "blocked by limit for pool duckdb" with nothing running. Only runs
+    of the walk (tag `mascot/lineage`) whose recorded process id is not alive on this machine;
+    runs launched by the daemon (UI, sensors) are the daemon's to monitor. Returns the run ids."""
+    released = []
+    for run in instance.get_runs(dg.RunsFilter(statuses=UNFINISHED)):
+        if "mascot/lineage" not in run.tags:
+            continue
+        pids = {e.dagster_event.pid for e in instance.all_logs(run.run_id)
+                if e.dagster_event is not None and e.dagster_event.pid}
+        if not pids or any(p == os.getpid() or _pid_alive(p) for p in pids):
+            continue
+        instance.report_run_failed(run, f"process {sorted(pids)} is gone: released by the next "
+                                        "`mascot demo` (pipeline.release_orphaned_runs)")
+        if instance.event_log_storage.supports_global_concurrency_limits:
+            instance.event_log_storage.free_concurrency_slots_for_run(run.run_id)
+        released.append(run.run_id)
+    return released
+
+
 def run_lineage(
     resources: dict,
     instance: dg.DagsterInstance | None = None,
@@ -371,6 +409,7 @@ def run_lineage(
     owned = instance is None
     instance = instance or dg.DagsterInstance.get()
     try:
+        release_orphaned_runs(instance)
         todo = stale_or_missing(instance, graph) if missing_only else set(asset_partitions(graph))
         walk = LineageWalk(graph, todo)
         lineage_tag = {"mascot/lineage": str(int(time.time())), **(tags or {})}

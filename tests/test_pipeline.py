@@ -196,3 +196,55 @@ def test_a_signal_stops_the_asset_run_without_a_retry(tmp_path, signum):
         result = _in_worker(lambda: quick.resolve_implicit_global_asset_job_def()
                             .execute_in_process(instance=instance))
         assert result.success
+
+
+ORPHAN_SCRIPT = """
+import sys, time
+import dagster as dg
+
+@dg.asset(pool="duckdb")
+def holds_the_pool() -> None:
+    print("started", flush=True)
+    time.sleep(120)
+
+job = dg.Definitions(assets=[holds_the_pool]).resolve_implicit_global_asset_job_def()
+with dg.DagsterInstance.get() as instance:
+    job.execute_in_process(instance=instance, tags={"mascot/lineage": "1"})
+"""
+
+
+def test_a_killed_demo_does_not_block_the_next_one(tmp_path, monkeypatch):
+    """SIGKILL leaves the run "started" and holding its duckdb pool slot; the next walk marks it
+    failed and frees the slot, so its own steps are not "blocked by limit" forever."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from mascot_dag.pipeline import release_orphaned_runs, write_dagster_yaml
+
+    home = tmp_path / "dagster"
+    write_dagster_yaml(home)  # the pool limit of 1, as the demo writes it
+    monkeypatch.setenv("DAGSTER_HOME", str(home))
+    proc = subprocess.Popen([sys.executable, "-c", ORPHAN_SCRIPT], stdout=subprocess.PIPE,
+                            text=True, env={**os.environ, "DAGSTER_HOME": str(home)})
+    try:
+        assert proc.stdout.readline().strip() == "started"
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(30)
+    with dg.DagsterInstance.get() as instance:
+        (orphan,) = instance.get_runs()
+        assert orphan.status == dg.DagsterRunStatus.STARTED
+        assert instance.event_log_storage.get_concurrency_info("duckdb").claimed_slots
+        assert release_orphaned_runs(instance) == [orphan.run_id]
+        assert instance.get_run_by_id(orphan.run_id).status == dg.DagsterRunStatus.FAILURE
+        assert not instance.event_log_storage.get_concurrency_info("duckdb").claimed_slots
+        assert release_orphaned_runs(instance) == []  # nothing else, and idempotent
+
+        @dg.asset(pool="duckdb")
+        def next_writer() -> int:
+            return 1
+
+        job = dg.Definitions(assets=[next_writer]).resolve_implicit_global_asset_job_def()
+        assert job.execute_in_process(instance=instance).success
