@@ -369,3 +369,25 @@ def test_sft_examples_from_listener_turns():
     assert [m["role"] for m in second] == ["system", "user", "assistant", "user", "assistant"]
     assert second[3]["content"] == "At the gym."
     assert second[-1]["content"] == "Maybe call the front desk."
+
+
+def test_an_interrupted_evaluation_resumes_from_the_generation_cache(base_model_path, tmp_path):
+    """eval_dialogues generates through the DuckDB cache: a rerun after a stop replays what was
+    generated (no model call for it) and gives the same dialogues; only the rest is generated."""
+    from mascot_dag.lib.llm.cache import CachedChat
+    from mascot_dag.lib.llm.transformers_backend import TransformersChat
+
+    chat = TransformersChat(base_model_path, models_dir=".", batch_size=8)
+    db = tmp_path / "m.duckdb"
+    for method in ("mascot", "multiagent_esc"):  # director JSON requests; staged pipelines
+        stopped = Recorder(chat)
+        # "stopped" after the first context: only its dialogue was generated
+        run_method(method, SPECS[:1], CachedChat(stopped, db, "smollm2"), CONFIG)
+        resumed, again = Recorder(chat), Recorder(chat)
+        first = CachedChat(resumed, db, "smollm2")
+        full = run_method(method, SPECS, first, CONFIG)
+        # every request of the stopped context's dialogue is served from the cache
+        assert first.hits == sum(len(c) for c in stopped.calls) > 0 and first.misses > 0
+        replay = CachedChat(again, db, "smollm2")
+        assert run_method(method, SPECS, replay, CONFIG) == full
+        assert again.calls == [] and replay.misses == 0 and replay.hits == first.hits + first.misses

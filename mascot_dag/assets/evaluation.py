@@ -26,6 +26,7 @@ from mascot_dag.lib.frames import to_polars
 from mascot_dag.lib.home import Home
 from mascot_dag.lib.human import three_way_trios
 from mascot_dag.lib.judges.agreement import agreement, agreement_markdown
+from mascot_dag.lib.llm.cache import CachedChat
 from mascot_dag.lib.methods import ASSISTANT, METHODS, run_method
 from mascot_dag.lib.rollout import build_specs
 from mascot_dag.lib.split import OOD_SPLIT
@@ -130,20 +131,26 @@ def eval_method(method: str, specs, store: DuckDBStore, chat: ChatModelResource,
     their versions, director, its version); its metadata ("table": the per-run preview)."""
     adapters, versions, director, director_version = models
     sft = attach_policy_sft(chat, tracking, "the sft baseline") if method == "sft" else None
+    # Every generation goes through the DuckDB generation cache (keyed by model, adapter name
+    # with its registry version, messages and sampling seed): a run stopped after hours resumes
+    # by replaying what it had generated, and a champion with the candidate's versions costs
+    # nothing. Same request, same seed: the cached text is the sample the model would draw.
+    cached = CachedChat(chat.backend(), store.db_path, chat.model_name)
     if method == gate.CHAMPION:
         # the director's alias marks a champion (apply_gate moves it with the personas')
         records = gate.relabel_method(
-            run_method(gate.CANDIDATE, specs, chat.backend().generate, dialogue_config(settings),
+            run_method(gate.CANDIDATE, specs, cached.generate, dialogue_config(settings),
                        persona_adapters=adapters, director_adapter=director),
             gate.CANDIDATE, gate.CHAMPION) if director else []
     else:
-        records = run_method(method, specs, chat.backend().generate, dialogue_config(settings),
+        records = run_method(method, specs, cached.generate, dialogue_config(settings),
                              persona_adapters=adapters, director_adapter=director, sft_adapter=sft)
     d, t, x = write_dialogues(store, records, f"eval:{method}")
     table = dialogue_metadata(d, t, x)
     return {"table": table, "method": method, "dialogues": len(d), "agent_turns":
             table["agent_turns"], "persona_adapter_versions": versions,
-            "director_version": director_version or "none", "sft_adapter": sft or "none"}
+            "director_version": director_version or "none", "sft_adapter": sft or "none",
+            "cache_hits": cached.hits, "cache_misses": cached.misses}
 
 
 def _embedder():
