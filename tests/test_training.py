@@ -475,3 +475,28 @@ def test_mlflow_registry_roundtrip(base_model_path, tmp_path, home):
     champion_dir = mlf.download_adapter(f"models:/{name}@champion", tmp_path / "dl-champion")
     _, loaded = lora_b(champion_dir)
     assert torch.equal(loaded[some], weights[1][some])
+
+
+def test_judge_reward_rewards_the_persona_the_judge_recognises():
+    """The judge's consistency as a GRPO reward (judge_reward_weight): for Action Guide a concrete
+    plan outscores an emotional reflection and the reverse for the Anchor, on the same context
+    (the real embedded judge: MiniLM from its PyPI package)."""
+    from test_dialogue import ED, SUPPORT
+
+    from mascot_dag.lib.judges.embedded import EmbeddedJudge
+    from mascot_dag.lib.rewards import judge_consistency_reward
+
+    judge = EmbeddedJudge()
+    cards = {c.persona_id: c for c in SUPPORT}
+    plan = [{"role": "assistant", "content": "Tonight, list the three hardest topics; tomorrow "
+             "book a practice session at 9 and ask your tutor for one past paper."}]
+    feeling = "That sounds so painful. Your disappointment makes complete sense right now."
+    guide = judge_consistency_reward(judge, cards["action_guide"], SUPPORT)
+    anchor = judge_consistency_reward(judge, cards["anchor"], SUPPORT)
+    assert guide.__name__ == "judge_consistency"
+    g = guide([plan, feeling], context_text=[ED.text] * 2)
+    a = anchor([plan, feeling], context_text=[ED.text] * 2)
+    assert all(1.0 <= x <= 5.0 for x in g + a)
+    assert g[0] > g[1] and a[1] > a[0]
+    with pytest.raises(ValueError, match="context_text"):
+        guide([feeling])

@@ -317,7 +317,12 @@ def persona_adapters(
 ) -> dg.MaterializeResult:
     """One persona's LoRA adapter: pi_SFT -> warm start (SFT) -> GRPO on reward model + format
     reward, then the paired persona probe on held-out contexts (the `fidelity_effect` check)."""
-    from mascot_dag.lib.rewards import format_reward, novelty_reward, reward_model_reward
+    from mascot_dag.lib.rewards import (
+        format_reward,
+        judge_consistency_reward,
+        novelty_reward,
+        reward_model_reward,
+    )
     from mascot_dag.lib.training.grpo import train_grpo_adapter
     from mascot_dag.lib.training.sft import train_sft_adapter
 
@@ -341,6 +346,10 @@ def persona_adapters(
     rewards = [reward_model_reward(scorer), format_reward(other_names=others)]
     weights = [settings.reward_model_weight, settings.format_reward_weight]
     columns = {"reward_prompt": reward_prompts}
+    if settings.judge_reward_weight > 0:
+        rewards.append(judge_consistency_reward(judges.training(), card, roster))
+        weights.append(settings.judge_reward_weight)
+        columns["context_text"] = [c.text for c in ctxs]
     if settings.novelty_reward_weight > 0:
         rewards.append(novelty_reward())
         weights.append(settings.novelty_reward_weight)

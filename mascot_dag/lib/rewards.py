@@ -240,6 +240,44 @@ def novelty_reward() -> NoveltyReward:
     return NoveltyReward()
 
 
+class JudgeReward:
+    """The judge's persona consistency (1-5) of each reply for the adapter's persona, read against
+    its context (dataset column `context_text`): the AI feedback itself, not the reward model
+    distilled from it.
+
+    Why (docs/DESIGN.md "Stage 1 rewards the judge directly"): on the probe's reference
+    utterances the embedded judge ranks Action Guide's own voice above the others' almost
+    perfectly (AUC 0.99), while the reward model trained on its preferences over the 135M
+    model's candidates ranks it BELOW them (AUC 0.26): the candidates rarely hold a concrete plan,
+    so the reward model never learnt what one is worth. A judge call costs one MiniLM pass per
+    reply. The identifiability probe stays independent of both (it never sees the cards)."""
+
+    __name__ = "judge_consistency"
+
+    def __init__(self, judge: Any, card: Any, roster: Sequence[Any]) -> None:
+        self.judge, self.card, self.roster = judge, card, list(roster)
+
+    def __call__(self, completions: Sequence[Any], context_text: Sequence[str] | None = None,
+                 **kwargs: Any) -> list[float | None]:
+        from mascot_dag.lib.judges.base import ResponseItem
+
+        if context_text is None:
+            raise ValueError("judge_consistency_reward needs the dataset column 'context_text' "
+                             "(the context each prompt answers)")
+        items = [ResponseItem(ctx, self.card, self.roster, completion_text(c))
+                 for c, ctx in zip(completions, context_text, strict=True)]
+        out: list[float | None] = []
+        for scores in self.judge.score_responses(items):
+            value = {s.criterion: s.score for s in scores}.get("consistency")
+            out.append(None if value is None else float(value))
+        return out
+
+
+def judge_consistency_reward(judge: Any, card: Any, roster: Sequence[Any]) -> JudgeReward:
+    """Reward each reply by how well the judge finds it fits `card` (1-5; None if unscored)."""
+    return JudgeReward(judge, card, roster)
+
+
 class CombinedReward:
     """Weighted sum of several rewards; a None component is left out, all None gives None."""
 

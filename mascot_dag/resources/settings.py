@@ -101,6 +101,10 @@ class LineageSettings(dg.ConfigurableResource):
         default=0.95, description="Nucleus sampling of candidates, GRPO and the probe alike."
     )
     reward_model_weight: float = Field(default=1.0, description="Weight of the reward-model score.")
+    judge_reward_weight: float = Field(
+        default=0.0, ge=0.0,
+        description="Weight of the training judge's persona consistency (1-5) as a direct GRPO "
+        "reward beside the reward model (lib.rewards.JudgeReward says why).")
     format_reward_weight: float = Field(default=0.5, description="Weight of the format reward.")
     group_history_turns: int = Field(
         default=0, ge=0,
