@@ -64,7 +64,7 @@ def demo(
         typer.echo(f"  {time.monotonic() - t0:6.0f} s  {r.seconds:5.0f} s  {r.step.label}  {state}",
                    err=True)
         for e in r.errors:
-            typer.echo("    " + e.strip().splitlines()[-1][:300], err=True)
+            typer.echo("    " + e.strip().splitlines()[-1][:600], err=True)
 
     with dg.DagsterInstance.get() as instance:
         try:

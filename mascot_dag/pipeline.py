@@ -284,7 +284,7 @@ class StepResult:
     success: bool
     seconds: float
     failed: tuple[str, ...]  # assets of the step that did not succeed
-    errors: tuple[str, ...]  # step failure messages (for the console and tests)
+    errors: tuple[str, ...]  # step failures and failed blocking checks (console, tests)
 
 
 # The console shows warnings and errors only; every event (DEBUG included) stays in the instance.
@@ -296,6 +296,20 @@ def lineage_definitions(resources: dict) -> dg.Definitions:
 
     return dg.Definitions(assets=all_assets, asset_checks=all_checks, resources=resources,
                           executor=dg.in_process_executor)
+
+
+def run_errors(result: dg.ExecuteInProcessResult) -> tuple[str, ...]:
+    """Why a run stopped what follows it: its step failures, and its failed blocking checks
+    with their descriptions (a gate says its CI and n, not just "FAILED")."""
+    failures = tuple(e.step_failure_data.error.to_string()[-2000:] for e in result.all_events
+                     if e.is_step_failure and e.step_failure_data.error
+                     # the check's own description below says it better than this stack trace
+                     and e.step_failure_data.error.cls_name != "DagsterAssetCheckFailedError")
+    checks = tuple(f"check {ev.check_name} failed: {ev.description or 'no description'}"
+                   for ev in result.get_asset_check_evaluations()
+                   if ev.blocking and not ev.passed
+                   and ev.severity == dg.AssetCheckSeverity.ERROR)
+    return failures + checks
 
 
 def _succeeded(result, step: Step, checks_by_op: dict[str, dg.AssetKey]) -> set[dg.AssetKey]:
@@ -427,9 +441,7 @@ def run_lineage(
                 tags=run_tags, raise_on_error=False))
             ok = _succeeded(result, step, checks_by_op)
             walk.record(step, ok)
-            errors = tuple(e.step_failure_data.error.to_string()[-2000:]
-                           for e in result.all_events
-                           if e.is_step_failure and e.step_failure_data.error)
+            errors = run_errors(result)
             res = StepResult(step, result.run_id, result.success and len(ok) == len(step.assets),
                              time.monotonic() - t0,
                              tuple(k.to_user_string() for k in step.assets if k not in ok), errors)

@@ -248,3 +248,28 @@ def test_a_killed_demo_does_not_block_the_next_one(tmp_path, monkeypatch):
 
         job = dg.Definitions(assets=[next_writer]).resolve_implicit_global_asset_job_def()
         assert job.execute_in_process(instance=instance).success
+
+
+def test_a_failed_gate_says_why_on_the_console(tmp_path):
+    """run_errors: a failed blocking check of severity ERROR is reported with its description
+    (the gate's CI and n); a warning is not an error."""
+    from mascot_dag.pipeline import run_errors
+
+    def gated(severity):
+        @dg.asset(name=f"gated_{severity.value.lower()}",
+                  check_specs=[dg.AssetCheckSpec("gate", asset=f"gated_{severity.value.lower()}",
+                                                 blocking=True)])
+        def asset():
+            return dg.MaterializeResult(check_results=[dg.AssetCheckResult(
+                check_name="gate", passed=False, severity=severity,
+                description="pooled gain +1.0 [-2.0, +4.0] on 32 contexts")])
+        return asset
+
+    with dg.DagsterInstance.ephemeral() as instance:
+        for severity, expected in ((dg.AssetCheckSeverity.ERROR,
+                                    ("check gate failed: pooled gain +1.0 [-2.0, +4.0] on 32 "
+                                     "contexts",)),
+                                   (dg.AssetCheckSeverity.WARN, ())):
+            job = dg.Definitions(assets=[gated(severity)]).resolve_implicit_global_asset_job_def()
+            result = job.execute_in_process(instance=instance, raise_on_error=False)
+            assert run_errors(result) == expected
