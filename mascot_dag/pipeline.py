@@ -63,8 +63,8 @@ def interruptible() -> None:
     Dagster maps SIGTERM onto whatever handles SIGINT while a run executes. A process that a
     non-interactive shell starts in the background inherits SIGINT *ignored*, so `mascot demo &`
     (nohup, a CI step, a supervisor script) could not be stopped with `kill PID`: it ran on
-    (measured). Both signals now raise KeyboardInterrupt, which Dagster turns into an interrupted
-    run, and `run_lineage` stops at it."""
+    (measured). Both signals now raise KeyboardInterrupt in the main thread, where `_in_worker`
+    waits on the asset run and stops it."""
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, signal.default_int_handler)
 
