@@ -245,7 +245,7 @@ class JudgeReward:
     its context (dataset column `context_text`): the AI feedback itself, not the reward model
     distilled from it.
 
-    Why (docs/DESIGN.md "Stage 1 rewards the judge directly"): on the probe's reference
+    Why (docs/DESIGN.md "Why Action Guide never gains"): on the probe's reference
     utterances the embedded judge ranks Action Guide's own voice above the others' almost
     perfectly (AUC 0.99), while the reward model trained on its preferences over the 135M
     model's candidates ranks it BELOW them (AUC 0.26): the candidates rarely hold a concrete plan,
