@@ -159,6 +159,10 @@ def test_gate_moves_alias_only_when_promoted(tmp_path):
     assert apply_gate(tracking, first, {DIRECTOR_MODEL: v1}) == [f"{DIRECTOR_MODEL}@{v1}"]
     assert champion_exists(tracking)
     assert tracking.get_alias_version(DIRECTOR_MODEL, "champion") == v1
+    from mlflow import MlflowClient
+
+    tag = MlflowClient().get_model_version(DIRECTOR_MODEL, v1).tags["eval_overall"]
+    assert float(tag) == pytest.approx(first.candidate, abs=1e-4)
 
     (tmp_path / "second").mkdir()
     v2 = _register(tracking, tmp_path / "second", DIRECTOR_MODEL)

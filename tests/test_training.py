@@ -442,6 +442,10 @@ def test_mlflow_registry_roundtrip(base_model_path, tmp_path, home):
             mlf.log_adapter(adapter)
         versions.append(mlf.register_version(name, run, tags={"persona": "anchor"}))
     assert versions == ["1", "2"]
+    assert mlf.latest_version(name) == "2"
+    assert mlf.latest_version("mascot-persona-nobody") is None
+    assert mlf.version_run_params(name, "1")["seed"] == "1"
+    assert mlf.version_run_params(name, "2")["lora"] == '{"r": 8}'
     history = MlflowClient().get_metric_history(run.info.run_id, "reward")
     assert [(m.step, m.value) for m in history] == [(1, 0.1), (2, 0.3)]
     assert Path(run.info.artifact_uri.removeprefix("file://")).is_relative_to(tmp_path)

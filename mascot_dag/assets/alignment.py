@@ -29,7 +29,7 @@ from mascot_dag.assets.common import (
     registered_name,
 )
 from mascot_dag.assets.feedback import load_roster, persona_set_contexts, train_contexts
-from mascot_dag.assets.registry import POLICY_SFT_MODEL, fetch, latest_version
+from mascot_dag.assets.registry import POLICY_SFT_MODEL, fetch
 from mascot_dag.assets.registry import REWARD_MODEL as REWARD_MODEL_NAME
 from mascot_dag.lib import probe
 from mascot_dag.lib.dialogue import opening_agent_messages
@@ -336,7 +336,7 @@ def persona_adapters(
     # The reward model reads its own short form of each prompt (a dataset column TRL passes on).
     reward_prompts = [reward_messages(persona_tag(card), c) for c in ctxs]
     home = Home.from_env()
-    rm_version = latest_version(tracking, REWARD_MODEL_NAME)
+    rm_version = tracking.latest_version(REWARD_MODEL_NAME)
     if rm_version is None:
         raise ValueError(f"no {REWARD_MODEL_NAME} in MLflow: materialise persona_reward_model")
     base = base_model_path(chat)
@@ -359,7 +359,7 @@ def persona_adapters(
     lora = lora_settings(settings)
     init = None
     if settings.policy_init == "sft":
-        sft_version = latest_version(tracking, POLICY_SFT_MODEL)
+        sft_version = tracking.latest_version(POLICY_SFT_MODEL)
         if sft_version is None:
             raise ValueError(f"no {POLICY_SFT_MODEL} in MLflow: materialise policy_sft")
         init = fetch(tracking, POLICY_SFT_MODEL, sft_version)

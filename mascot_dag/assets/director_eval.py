@@ -30,12 +30,7 @@ TRAINING_PARAMS = ("learning_rate", "max_steps", "num_generations", "beta", "lr_
 
 
 def training_params(tracking: MLflowResource, version: str) -> dict:
-    from mlflow import MlflowClient
-
-    tracking.configure()
-    client = MlflowClient()
-    run_id = client.get_model_version(DIRECTOR_MODEL, version).run_id
-    params = client.get_run(run_id).data.params if run_id else {}
+    params = tracking.version_run_params(DIRECTOR_MODEL, version)
     return {k: params.get(k, "n/a (not logged)") for k in TRAINING_PARAMS}
 
 

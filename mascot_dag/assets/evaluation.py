@@ -289,8 +289,6 @@ def current_champion_scores(store: DuckDBStore, tracking: MLflowResource,
 def apply_gate(tracking: MLflowResource, decision, versions: dict) -> list[str]:
     """Move `champion` to every version used; the director version keeps its overall score as
     the tag `eval_overall` (informational: the gate re-evaluates the champion every run)."""
-    from mlflow import MlflowClient
-
     if not decision.promote:
         return []
     moved = []
@@ -298,9 +296,8 @@ def apply_gate(tracking: MLflowResource, decision, versions: dict) -> list[str]:
         tracking.set_alias(model_name, "champion", version)
         moved.append(f"{model_name}@{version}")
     if DIRECTOR_MODEL in versions:
-        tracking.configure()
-        MlflowClient().set_model_version_tag(DIRECTOR_MODEL, versions[DIRECTOR_MODEL],
-                                             "eval_overall", f"{decision.candidate:.4f}")
+        tracking.set_version_tag(DIRECTOR_MODEL, versions[DIRECTOR_MODEL], "eval_overall",
+                                 f"{decision.candidate:.4f}")
     return moved
 
 
@@ -353,10 +350,8 @@ def eval_report(
             if v is not None:
                 tracking.log_curve(f"overall.{m}", [(0, v)])
         tracking.log_metrics(metrics)
-        import mlflow
-
-        mlflow.set_tags({**tags, "champion_moved": ",".join(moved) or "none"})
-        mlflow.log_artifacts(str(out), artifact_path="report")
+        tracking.set_tags({**tags, "champion_moved": ",".join(moved) or "none"})
+        tracking.log_artifacts(out, artifact_path="report")
     return dg.MaterializeResult(
         metadata={
             "report_path": dg.MetadataValue.path(str(result.markdown)),

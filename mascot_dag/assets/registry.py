@@ -17,19 +17,11 @@ def persona_model(persona_id: str) -> str:
     return registered_name("mascot-persona", persona_id)
 
 
-def latest_version(tracking: MLflowResource, model_name: str) -> str | None:
-    from mlflow import MlflowClient
-
-    tracking.configure()
-    versions = MlflowClient().search_model_versions(f"name = '{model_name}'")
-    return str(max(int(v.version) for v in versions)) if versions else None
-
-
 def resolve_version(tracking: MLflowResource, model_name: str, alias: str | None) -> str | None:
     """`alias` (e.g. champion) when given and set, else None; no alias -> the latest version."""
     if alias:
         return tracking.get_alias_version(model_name, alias)
-    return latest_version(tracking, model_name)
+    return tracking.latest_version(model_name)
 
 
 def fetch(tracking: MLflowResource, model_name: str, version: str) -> Path:

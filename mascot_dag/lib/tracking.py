@@ -93,6 +93,20 @@ def log_metrics(metrics: Mapping[str, float]) -> None:
     mlflow.log_metrics(dict(metrics))
 
 
+def set_tags(tags: Mapping[str, str]) -> None:
+    """Set tags of the active run."""
+    import mlflow
+
+    mlflow.set_tags(dict(tags))
+
+
+def log_artifacts(folder: str | Path, artifact_path: str) -> None:
+    """Upload every file under `folder` to the active run's `artifact_path`."""
+    import mlflow
+
+    mlflow.log_artifacts(str(folder), artifact_path=artifact_path)
+
+
 def log_curve(name: str, points: Sequence[tuple[int, float]], run_id: str | None = None) -> int:
     """Log a metric curve [(step, value), ...] in one batch; returns the number of points logged."""
     from mlflow.entities import Metric
@@ -175,6 +189,24 @@ def get_alias_version(model_name: str, alias: str) -> str | None:
         return str(_client().get_model_version_by_alias(model_name, alias).version)
     except MlflowException:
         return None
+
+
+def latest_version(model_name: str) -> str | None:
+    """The highest registered version of `model_name`, or None when it has none."""
+    versions = _client().search_model_versions(f"name = '{model_name}'")
+    return str(max(int(v.version) for v in versions)) if versions else None
+
+
+def set_version_tag(model_name: str, version: str | int, key: str, value: str) -> None:
+    """Tag one registered version (e.g. its evaluation score beside the `champion` alias)."""
+    _client().set_model_version_tag(model_name, str(version), key, value)
+
+
+def version_run_params(model_name: str, version: str | int) -> dict[str, str]:
+    """The params of the run that produced a registered version ({} when it has no run)."""
+    client = _client()
+    run_id = client.get_model_version(model_name, str(version)).run_id
+    return dict(client.get_run(run_id).data.params) if run_id else {}
 
 
 def download_adapter(model_uri: str, dst: str | Path) -> Path:

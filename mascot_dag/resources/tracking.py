@@ -69,6 +69,12 @@ class MLflowResource(dg.ConfigurableResource):
     def log_metrics(self, metrics: Mapping[str, float]) -> None:
         tracking.log_metrics(metrics)
 
+    def set_tags(self, tags: Mapping[str, str]) -> None:
+        tracking.set_tags(tags)
+
+    def log_artifacts(self, folder: str | Path, artifact_path: str) -> None:
+        tracking.log_artifacts(folder, artifact_path)
+
     def log_curve(
         self, name: str, points: Sequence[tuple[int, float]], run_id: str | None = None
     ) -> int:
@@ -94,6 +100,18 @@ class MLflowResource(dg.ConfigurableResource):
     def get_alias_version(self, model_name: str, alias: str) -> str | None:
         self.configure()
         return tracking.get_alias_version(model_name, alias)
+
+    def latest_version(self, model_name: str) -> str | None:
+        self.configure()
+        return tracking.latest_version(model_name)
+
+    def set_version_tag(self, model_name: str, version: str | int, key: str, value: str) -> None:
+        self.configure()
+        tracking.set_version_tag(model_name, version, key, value)
+
+    def version_run_params(self, model_name: str, version: str | int) -> dict[str, str]:
+        self.configure()
+        return tracking.version_run_params(model_name, version)
 
     def download_adapter(self, model_uri: str, dst: str | Path) -> Path:
         self.configure()
