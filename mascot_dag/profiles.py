@@ -7,11 +7,11 @@
 - study: the embedded models at the sizes that MEASURE with power on the real datasets
   (MASCOT_ED_PATH, e.g. EmpatheticDialogues valid.csv; MASCOT_QMSUM_PATH): Stage 1 with a persona
   probe of 32 held-out contexts x every persona x 2 seeds, a reward model held out by context,
-  blocking checks (~1 h on 2 cores); Stage 2 with 24 director GRPO steps (~1 h 10 min); the
-  evaluation on 32 held-out contexts per mode x 6 agent turns for every method (paired by
-  context), plus as many out-of-domain contexts: ~40 min per adapter method and ~10-15 min per
-  prompting baseline per 64 dialogues on 2 CPU cores, so several hours there
-  (scripts/study_eval.py runs a chosen subset); minutes on a GPU.
+  blocking checks (62 min measured on 2 cores); Stage 2 with 24 director GRPO steps (45 min
+  measured); the evaluation on 32 held-out contexts per mode x 6 agent turns for every method
+  (paired by context), plus as many out-of-domain contexts: ~10-45 min per method per 64
+  dialogues on 2 CPU cores, ~5-7 h for all ten (scripts/study_eval.py runs a chosen subset);
+  minutes on a GPU.
 - tiny: what the tests use: the embedded models with the smallest sizes that still exercise
   every code path.
 Pick one with MASCOT_PROFILE (or `mascot demo --profile`).
@@ -51,9 +51,9 @@ def settings_for(name: str):
         # x K=4 x 4 personas, a reward model held out by context (10 contexts), 20 GRPO steps
         # per persona, a probe on 32 held-out contexts x 4 personas x 2 seeds = 256 paired
         # units. No warm start: measured to lower identifiability (docs/DESIGN.md). Stage 2
-        # ~1 h 10 min; the evaluation has the powered design (32 contexts per mode x 6
-        # agent turns, every method on the same contexts, users and seeds), which costs ~3 h on
-        # 2 CPU cores (measured: MASCOT's 64 dialogues 42 min with the CPU shared).
+        # 45 min; the evaluation has the powered design (32 contexts per mode x 6 agent
+        # turns, every method on the same contexts, users and seeds), which costs ~5-7 h on 2
+        # CPU cores (measured: MASCOT's 64 dialogues 42 min with the CPU shared).
         return LineageSettings(
             max_train_contexts=40, k_candidates=4, policy_sft_steps=16, reward_steps=60,
             warm_start_steps=0, grpo_steps=20, probe_contexts=32, probe_seeds=2,
