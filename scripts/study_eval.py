@@ -96,9 +96,10 @@ def run(res: dict, methods: list[str], modes: list[str], n_contexts: int | None,
     store, chat, tracking = res["store"], res["chat"], res["tracking"]
     specs = [sp for sp in eval_specs(store, settings) if sp.mode in modes]
     if paired_with:
+        # only the modes asked for: a support-only addition pairs with a two-mode evaluation
         have = {r[0]: r[1] for r in store.frame(
-            "SELECT context_id, seed FROM dialogues WHERE stage = 'eval' AND method = ?",
-            [paired_with]).rows()}
+            "SELECT context_id, seed FROM dialogues WHERE stage = 'eval' AND method = ? "
+            "AND list_contains(?, mode)", [paired_with, modes]).rows()}
         if not have:
             raise SystemExit(f"--paired-with {paired_with}: no stored eval dialogues of it")
         specs = [sp for sp in specs if sp.context.context_id in have]
