@@ -32,6 +32,9 @@ def demo(
     set_: list[str] = typer.Option(
         [], "--set", help="KEY=VALUE of a lineage setting over the profile's (repeatable; "
         "VALUE as JSON when it parses), e.g. --set probe_blocking=false --set eval_contexts=8"),
+    sizes: str = typer.Option(
+        None, help="Another profile's sizes with this profile's resources, on CPU, gates "
+        "non-blocking: --profile paper --sizes tiny tries vLLM and the LLM judge on a laptop"),
 ) -> None:
     """Materialise the whole lineage (asset runs in the Dagster instance) and say where it is."""
     from mascot_dag.lib.quiet import quiet_libraries
@@ -47,10 +50,12 @@ def demo(
     import dagster as dg
 
     from mascot_dag.pipeline import StepResult, run_lineage
-    from mascot_dag.profiles import override_settings, resources_for
+    from mascot_dag.profiles import override_settings, resources_for, with_sizes
 
     resources = resources_for()
     try:
+        if sizes:
+            resources["settings"] = with_sizes(resources["settings"], sizes)
         resources["settings"] = override_settings(resources["settings"], set_)
     except ValueError as exc:
         typer.echo(str(exc), err=True)
@@ -99,10 +104,13 @@ def serve(
     served_model_name: list[str] = typer.Option(
         [], help="Name(s) the base model answers to in `model` (default: --model)."
     ),
+    engine: str = typer.Option(
+        "vllm", help="vllm (vLLM's async engine) or transformers (machines without vllm)."
+    ),
 ) -> None:
-    """Serve an OpenAI-compatible /v1/chat/completions endpoint (FastAPI + uvicorn) over the
-    transformers backend; see mascot_dag/lib/llm/server.py."""
-    args = ["--model", model, "--host", host, "--port", str(port)]
+    """Serve an OpenAI-compatible /v1/chat/completions endpoint (FastAPI + uvicorn) over vLLM's
+    async engine (or transformers), with /metrics; see mascot_dag/lib/llm/server.py."""
+    args = ["--model", model, "--host", host, "--port", str(port), "--engine", engine]
     for spec in adapter:
         args += ["--adapter", spec]
     for name in served_model_name:

@@ -95,6 +95,18 @@ def settings_for(name: str):
     return LineageSettings()
 
 
+def with_sizes(settings, sizes: str):
+    """`settings` with the sizes of profile `sizes` (every setting that profile sets), training
+    on CPU and the gates non-blocking: a profile's resources tried at another profile's scale,
+    e.g. the paper profile's vLLM generation and LLM judge at the tiny sizes on a laptop
+    (`mascot demo --profile paper --sizes tiny`). Tiny sizes cannot pass a powered gate, so its
+    checks still run and report but do not stop the lineage."""
+    small = settings_for(profile_name(sizes))
+    values = {key: getattr(small, key) for key in small.model_fields_set}
+    values.update(use_cpu=True, reward_blocking=False, probe_blocking=False)
+    return type(settings)(**{**settings.model_dump(), **values})
+
+
 def override_settings(settings, assignments: list[str]):
     """`settings` with KEY=VALUE assignments applied (`mascot demo --set`): VALUE is JSON when it
     parses (32, false, ["neutral"]), else a plain string. An unknown key or a value of the wrong

@@ -106,7 +106,8 @@ METHODS = ("mascot", "zero_shot", "few_shot")
 @pytest.fixture
 def served_model():
     """`mascot serve` on a free loopback port (the real tiny embedded model)."""
-    with mascot_serve() as url:
+    # the judge's client and parsing are under test: the quick-starting transformers engine
+    with mascot_serve("--engine", "transformers") as url:
         with urllib.request.urlopen(f"{url}/v1/models", timeout=10) as r:
             model = json.load(r)["data"][0]["id"]  # the server checks the model name
         yield f"{url}/v1", model

@@ -200,7 +200,8 @@ def test_tiny_model_writes_schema_valid_json(base_model_path):
 @pytest.fixture(scope="module")
 def served(base_model_path):
     """`mascot serve` on a free loopback port, the tiny model named "smollm2"."""
-    with mascot_serve("--model", base_model_path, "--served-model-name", "smollm2") as url:
+    with mascot_serve("--model", base_model_path, "--served-model-name", "smollm2",
+                      "--engine", "transformers") as url:
         yield url
 
 

