@@ -7,8 +7,9 @@ walks the same graph in the same order without a daemon (`LineageWalk`), one ass
 `__ASSET_JOB` per group, in this process, so the models loaded by the resources are loaded once
 (docs/DESIGN.md, "Whole-lineage runs"). Grouping follows the asset backfill's rule: an asset runs
 together with a parent when both are unpartitioned, or share a partitions definition with an
-identity mapping; everything else waits until every partition it maps to has succeeded. A failed
-asset partition skips what depends on it and nothing else.
+identity mapping, or (single-run backfill policy on both) the parent's whole range is in the run;
+everything else waits until every partition it maps to has succeeded. A failed run fails the
+asset partitions it held and skips what depends on them, nothing else.
 """
 
 from __future__ import annotations
@@ -43,14 +44,26 @@ concurrency:
     # pool "duckdb": assets that write mascot.duckdb, one step at a time across all runs.
     default_limit: 1
     granularity: op
+run_coordinator:
+  module: dagster._core.run_coordinator
+  class: QueuedRunCoordinator
+  config:
+    # The daemon looks at the run queue every second instead of every 5 s: an asset backfill
+    # queues a run per partition group, each one waited up to 5 s (a query on the local sqlite).
+    dequeue_interval_seconds: 1
 telemetry:
   enabled: false
 """
-_OLD_YAML = "concurrency:\n  runs:\n    max_concurrent_runs: 1\ntelemetry:\n  enabled: false\n"
+# Our earlier defaults, which write_dagster_yaml replaces (any other file is the user's).
+_OLD_YAMLS = (
+    "concurrency:\n  runs:\n    max_concurrent_runs: 1\ntelemetry:\n  enabled: false\n",
+    DAGSTER_YAML.split("run_coordinator:")[0] + "telemetry:\n  enabled: false\n",
+)
 
 
 def prepare_home(home: Home | None = None) -> Home:
-    """Create MASCOT_HOME and DAGSTER_HOME with a dagster.yaml (one run at a time, DuckDB pool)."""
+    """Create MASCOT_HOME and DAGSTER_HOME with a dagster.yaml (one run at a time, DuckDB pool,
+    the run queue checked every second)."""
     home = (home or Home.from_env()).ensure()
     os.environ.setdefault("DAGSTER_HOME", str(home.dagster_home))
     write_dagster_yaml(os.environ["DAGSTER_HOME"])
@@ -75,7 +88,7 @@ def write_dagster_yaml(dagster_home: str | os.PathLike) -> None:
     cfg = os.path.join(dagster_home, "dagster.yaml")
     if os.path.exists(cfg):
         with open(cfg, encoding="utf-8") as f:
-            if f.read() != _OLD_YAML:
+            if f.read() not in _OLD_YAMLS:
                 return
     with open(cfg, "w", encoding="utf-8") as f:
         f.write(DAGSTER_YAML)
@@ -198,12 +211,32 @@ class LineageWalk:
                 if (first[0], p) not in ready:
                     break
                 run.append(p)
-            return Step((first[0],), first[1], tuple(run) if len(run) > 1 else ())
+            return Step(self._range_assets(first[0], run), first[1],
+                        tuple(run) if len(run) > 1 else ())
         group = sorted((ap for ap in ready if ap[1] == first[1]
                         and self.graph.get(ap[0]).partitions_def == pdef), key=self._rank)
         # a chained child joins only with its parent present in this group
         keys = [k for k, _ in group]
         return Step(tuple(keys), first[1])
+
+    def _range_assets(self, first: dg.AssetKey, run: list[str]) -> tuple[dg.AssetKey, ...]:
+        """`first` and the descendants that the asset backfill puts in the same single run: the
+        same partitions definition and backfill policy, exactly the run's partitions to do, and
+        every parent partition done or in the run (with the policy, even a non-identity mapping
+        such as persona_judgments' AllPartitionMapping to every persona's candidates)."""
+        node = self.graph.get(first)
+        assets, inside = [first], {(first, p) for p in run}
+        for key in self.graph.toposorted_asset_keys[self._order[first] + 1:]:
+            other = self.graph.get(key)
+            if (other.partitions_def != node.partitions_def
+                    or other.backfill_policy != node.backfill_policy
+                    or {p for k, p in self.todo if k == key} != set(run)):
+                continue
+            if all(self._ok(parent) or parent in inside
+                   for p in run for parent in self._parents[(key, p)]):
+                assets.append(key)
+                inside.update((key, p) for p in run)
+        return tuple(assets)
 
     def record(self, step: Step, succeeded: Iterable[dg.AssetKey]) -> None:
         ok = set(succeeded)

@@ -4,8 +4,10 @@ The lineage runs the way a user runs it in the UI: `dagster dev` on a fresh MASC
 "Materialize all" as the UI sends it for assets with different partitions (GraphQL
 `launchPartitionBackfill` with `assetSelection` and `allPartitions: true`, the "pureAll" branch
 of the webapp's launch button). The daemon runs it as an asset backfill: one asset run per
-partition group. One module-scoped home is shared by the assertions below (the run is the
-expensive part); the last test re-runs the in-process path (`make demo`) for what is missing.
+partition group, and one run over the whole range for assets with a single-run backfill policy
+(every persona- and method-partitioned asset: 7 runs in all). One module-scoped home is shared
+by the assertions below (the run is the expensive part); the last test re-runs the in-process
+path (`make demo`) for what is missing.
 """
 
 from __future__ import annotations
@@ -20,8 +22,8 @@ import duckdb
 import pytest
 from test_ui import DAGSTER, REPO, _free_port, _graphql, _stop, _wait_ready
 
-# The fixture runs the whole lineage through the daemon (~12 min in-process on 2 quiet cores,
-# plus a process per run and the daemon's 30 s backfill ticks); it counts toward the first
+# The fixture runs the whole lineage through the daemon (7 runs, each a process that loads the
+# models, plus the daemon's 30 s backfill ticks between them); it counts toward the first
 # test's timeout, so the module gets more than the suite default of 900 s.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
 BACKFILL_TIMEOUT_S = float(os.environ.get("MASCOT_BACKFILL_TIMEOUT_S", "3000"))
@@ -31,7 +33,7 @@ LAUNCH = """mutation($p: LaunchBackfillParams!) { launchPartitionBackfill(backfi
   ... on PythonError { message stack } ... on InvalidSubsetError { message } } }"""
 BACKFILL = """query($id: String!) { partitionBackfillOrError(backfillId: $id) {
   __typename ... on PartitionBackfill { status isAssetBackfill
-    runs(limit: 200) { id jobName status tags { key value } } } } }"""
+    runs(limit: 200) { id jobName status tags { key value } assetSelection { path } } } } }"""
 CHECKS = """{ assetNodeOrError(assetKey: {path: ["eval_report"]}) { ... on AssetNode {
   assetChecksOrError { ... on AssetChecks { checks { name
     executionForLatestMaterialization { status } } } } } } }"""
@@ -61,7 +63,7 @@ def _materialize_all(base: str, nodes: list[dict]) -> dict:
         if bf["status"] not in ("REQUESTED", "CANCELING", "FAILING"):
             return bf
         assert time.monotonic() < deadline, f"backfill still {bf['status']}: {bf['runs']}"
-        time.sleep(10)
+        time.sleep(3)  # the daemon ticks every 30 s; a 10 s poll added ~5 s on average
 
 
 @pytest.fixture(scope="module")
@@ -105,21 +107,32 @@ def lineage(tmp_path_factory):
 
 def test_materialize_all_is_asset_runs_through_eval_report(lineage):
     """Every run of the backfill is an asset run of the real assets (no nesting op, no
-    ephemeral job), a run per persona partition, ONE run for every eval method (eval_dialogues'
-    single-run backfill policy), and eval_report's check ran."""
+    ephemeral job); the persona-partitioned assets run as ONE run per asset group over every
+    persona (their single-run backfill policy: candidates, judgments and pairs together, then the
+    adapters), ONE run for every eval method (eval_dialogues' policy), and eval_report's check
+    ran."""
     runs = lineage["backfill"]["runs"]
     assert lineage["backfill"]["isAssetBackfill"]
     assert {r["jobName"] for r in runs} == {"__ASSET_JOB"}, {r["jobName"] for r in runs}
+    from mascot_dag.assets.common import persona_partitions
     from mascot_dag.assets.evaluation import method_partitions
 
     tags = [{t["key"]: t["value"] for t in r["tags"]} for r in runs]
     parts = {t["dagster/partition"] for t in tags if "dagster/partition" in t}
-    assert {"anchor", "beacon"} <= parts, parts
+    assert not parts, f"a run per partition: {parts}"
+    ranges = {}
+    for r, t in zip(runs, tags, strict=True):
+        if "dagster/asset_partition_range_start" in t:
+            key = (t["dagster/asset_partition_range_start"], t["dagster/asset_partition_range_end"])
+            ranges.setdefault(key, []).append(
+                sorted("/".join(a["path"]) for a in r["assetSelection"] or []))
+    personas = persona_partitions.get_partition_keys()
     methods = method_partitions.get_partition_keys()
-    ranges = [(t["dagster/asset_partition_range_start"], t["dagster/asset_partition_range_end"])
-              for t in tags if "dagster/asset_partition_range_start" in t]
-    assert ranges == [(methods[0], methods[-1])], ranges
-    assert not set(methods) & parts, parts
+    assert {k: sorted(v) for k, v in ranges.items()} == {
+        (personas[0], personas[-1]): [["candidate_responses", "persona_judgments",
+                                       "persona_preference_pairs"], ["persona_adapters"]],
+        (methods[0], methods[-1]): [["eval_dialogues"]]}, ranges
+    assert len(runs) == 7, [r["assetSelection"] for r in runs]
     checks = {c["name"]: c["executionForLatestMaterialization"] for c in lineage["checks"]}
     assert checks["champion_gate"] is not None, checks
     assert checks["champion_gate"]["status"] in ("SUCCEEDED", "FAILED"), checks

@@ -40,50 +40,100 @@ def test_plan_runs_every_partition_once_after_its_parents(graph):
             for p in step.partitions:
                 ap = (key, p)
                 missing = parent_partitions(graph, ap) - set(seen)
-                # a parent in the same run (unpartitioned chain, identity mapping) counts as before
-                missing -= {(k, p) for k in step.assets}
+                # a parent in the same run counts as before: an unpartitioned chain, an identity
+                # mapping, or (single-run range) any partition of the range
+                missing -= {(k, q) for k in step.assets for q in step.partitions}
                 assert not missing, f"{step.label}: runs before {missing}"
                 seen.append(ap)
     assert sorted(seen, key=str) == sorted(asset_partitions(graph), key=str)  # each exactly once
     labels = [s.label for s in steps]
-    first_judging = min(i for i, s in enumerate(steps) if K("persona_judgments") in s.assets)
-    last_candidates = max(i for i, s in enumerate(steps) if K("candidate_responses") in s.assets)
-    assert last_candidates < first_judging, labels
-    # judgments and pairs of one persona share a run (identity mapping); every eval method is
-    # one run (eval_dialogues has a single-run backfill policy), as the daemon backfills it
-    assert f"persona_judgments, persona_preference_pairs [{SUPPORT_PERSONAS[0]}]" in labels
+    # every persona's candidates before any judging: with the personas' single-run backfill
+    # policy, candidates, judgments and pairs are ONE run over every persona, in that order
+    judging = [s for s in steps if K("persona_judgments") in s.assets]
+    assert len(judging) == 1, labels
+    assert judging[0].assets == (K("candidate_responses"), K("persona_judgments"),
+                                 K("persona_preference_pairs")), labels
+    assert judging[0].partition_keys == tuple(SUPPORT_PERSONAS), labels
+    assert not any(K("candidate_responses") in s.assets for s in steps if s is not judging[0])
+    personas = f"[{SUPPORT_PERSONAS[0]}..{SUPPORT_PERSONAS[-1]}]"
+    assert f"persona_adapters {personas}" in labels
+    # every eval method is one run (eval_dialogues has a single-run backfill policy), as the
+    # daemon backfills it
     evals = [s for s in steps if s.assets == (K("eval_dialogues"),)]
     methods = tuple(method_partitions.get_partition_keys())
     assert [s.partition_keys for s in evals] == [methods], labels
     assert f"eval_dialogues [{methods[0]}..{methods[-1]}]" in labels
     assert steps[0].partition is None and K("contexts") in steps[0].assets
+    assert len(steps) == 7, labels  # was 17 with a run per persona partition
 
 
-def _walk_with_failure(graph, failing: tuple[str, str | None]):
+def test_per_persona_assets_backfill_in_one_run(graph):
+    """Every persona-partitioned asset has the single-run backfill policy, so the daemon's
+    "Materialize all" and the in-process walk give one run per asset group, not per persona."""
+    from mascot_dag.assets.common import persona_partitions
+
+    per_persona = [k for k in graph.toposorted_asset_keys
+                   if graph.get(k).partitions_def == persona_partitions]
+    assert {k.to_user_string() for k in per_persona} == {
+        "candidate_responses", "persona_judgments", "persona_preference_pairs",
+        "persona_adapters"}
+    for key in per_persona:
+        policy = graph.get(key).backfill_policy
+        assert policy is not None and policy.max_partitions_per_run is None, key
+
+
+def _walk_with_failure(graph, failing: str):
+    """Walk everything; every run holding asset `failing` fails it, and (as Dagster skips the
+    steps below a failed one) whatever in that run reads it."""
     walk, ran = LineageWalk(graph, set(asset_partitions(graph))), []
     while (step := walk.next_step()) is not None:
         ran.append(step)
-        walk.record(step, [k for k in step.assets
-                           if (k.to_user_string(), step.partition) != failing])
+        bad = {K(failing)}
+        for key in step.assets:  # topological order
+            if graph.get(key).parent_keys & bad:
+                bad.add(key)
+        walk.record(step, [k for k in step.assets if k not in bad])
     return walk, ran
 
 
 def test_failed_partition_skips_only_what_reads_it(graph):
-    walk, ran = _walk_with_failure(graph, ("persona_adapters", "catalyst"))
-    adapters = {s.partition for s in ran if s.assets == (K("persona_adapters"),)}
-    assert adapters == set(SUPPORT_PERSONAS)  # the siblings still ran
-    assert walk.failed == {(K("persona_adapters"), "catalyst")}
+    """Two adapters to redo with a gap between them are two runs: one fails, the other still
+    runs, and what reads the failed one (the roster probe) is skipped."""
+    anchor, catalyst, beacon = SUPPORT_PERSONAS[:3]
+    todo = {(K("persona_adapters"), anchor), (K("persona_adapters"), beacon),
+            (K("persona_roster_probe"), None)}
+    walk = LineageWalk(graph, todo)
+    ran = []
+    while (step := walk.next_step()) is not None:
+        ran.append(step)
+        walk.record(step, [k for k in step.assets if step.partition != anchor])
+    assert [s.partitions for s in ran] == [(anchor,), (beacon,)]  # the sibling still ran
+    assert walk.failed == {(K("persona_adapters"), anchor)}
+    assert walk.done == {(K("persona_adapters"), beacon)}
+    assert walk.skipped == {(K("persona_roster_probe"), None)}
+    assert (K("persona_adapters"), catalyst) not in walk.todo | walk.done
+
+
+def test_failed_adapters_run_skips_everything_below(graph):
+    walk, ran = _walk_with_failure(graph, "persona_adapters")
+    adapters = [s for s in ran if K("persona_adapters") in s.assets]
+    assert [s.partition_keys for s in adapters] == [tuple(SUPPORT_PERSONAS)]  # one run
+    assert walk.failed == {(K("persona_adapters"), p) for p in SUPPORT_PERSONAS}
     skipped = {k.to_user_string() for k, _ in walk.skipped}
     assert {"group_rollouts", "director_adapter", "eval_dialogues", "eval_report"} <= skipped
     assert not any(K("eval_report") in s.assets for s in ran)
 
 
 def test_failed_candidates_block_all_judging(graph):
-    # persona_judgments reads every persona's candidates (AllPartitionMapping)
-    walk, ran = _walk_with_failure(graph, ("candidate_responses", "beacon"))
-    assert {s.partition for s in ran if s.assets == (K("candidate_responses"),)} == set(
-        SUPPORT_PERSONAS)
-    assert {p for k, p in walk.skipped if k == K("persona_judgments")} == set(SUPPORT_PERSONAS)
+    # persona_judgments reads every persona's candidates (AllPartitionMapping): in the one
+    # Stage 1 data run, failed candidates leave no persona judged, and nothing below runs
+    walk, ran = _walk_with_failure(graph, "candidate_responses")
+    stage1 = [s for s in ran if K("candidate_responses") in s.assets]
+    assert [s.partition_keys for s in stage1] == [tuple(SUPPORT_PERSONAS)]
+    judged = {p for k, p in walk.done if k == K("persona_judgments")}
+    assert not judged, judged
+    assert {p for k, p in walk.skipped if k == K("persona_adapters")} == set(SUPPORT_PERSONAS)
+    assert not any(K("persona_reward_model") in s.assets for s in ran)
 
 
 def test_missing_only_walk_treats_the_rest_as_present(graph):
@@ -111,6 +161,20 @@ def test_prepare_home_writes_instance_settings(tmp_path, monkeypatch):
         cfg = instance.get_concurrency_config()
         assert cfg.pool_config.default_pool_limit == 1
         assert cfg.run_queue_config.max_concurrent_runs == 1
+        assert instance.run_coordinator.dequeue_interval_seconds == 1
+
+
+def test_prepare_home_updates_only_our_earlier_default(tmp_path):
+    from mascot_dag.pipeline import _OLD_YAMLS, DAGSTER_YAML, write_dagster_yaml
+
+    for old in _OLD_YAMLS:
+        (tmp_path / "dagster.yaml").write_text(old, encoding="utf-8")
+        write_dagster_yaml(tmp_path)
+        assert (tmp_path / "dagster.yaml").read_text(encoding="utf-8") == DAGSTER_YAML
+    mine = "telemetry:\n  enabled: true\n"
+    (tmp_path / "dagster.yaml").write_text(mine, encoding="utf-8")
+    write_dagster_yaml(tmp_path)
+    assert (tmp_path / "dagster.yaml").read_text(encoding="utf-8") == mine
 
 
 def test_single_run_asset_takes_only_the_contiguous_ready_range(graph):

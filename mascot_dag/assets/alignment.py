@@ -14,18 +14,21 @@ MASCOT_HOME/checkpoints/<asset>/<fingerprint of data+settings>, so an interrupte
 
 import functools
 import time
+from dataclasses import dataclass
 
 import dagster as dg
 import polars as pl
 
 from mascot_dag.assets.common import (
     DUCKDB_POOL,
+    PERSONA_BACKFILL,
     TRANSIENT_RETRY,
     base_model_path,
     fingerprint,
     markdown_table,
     persona_partitions,
     progress,
+    quiet_backfill_policy_beta,
     registered_name,
 )
 from mascot_dag.assets.feedback import load_roster, persona_set_contexts, train_contexts
@@ -124,6 +127,8 @@ def log_curves(tracking: MLflowResource, curves: dict[str, list]) -> None:
         if points:
             tracking.log_curve(name, points)
 
+
+quiet_backfill_policy_beta()
 
 @dg.asset(
     group_name="persona_alignment",
@@ -303,6 +308,9 @@ def warm_start_examples(store: DuckDBStore, settings: LineageSettings, card, ros
     group_name="persona_alignment",
     partitions_def=persona_partitions,
     deps=[persona_reward_model, policy_sft],
+    # a backfill of every persona is one run: the process, the chat model and the reward model
+    # load once for the roster (assets/common.PERSONA_BACKFILL)
+    backfill_policy=PERSONA_BACKFILL,
     kinds={"pytorch", "mlflow"},
     pool=DUCKDB_POOL, retry_policy=TRANSIENT_RETRY,  # the persona probe writes persona_probe
     check_specs=[dg.AssetCheckSpec("fidelity_effect", asset="persona_adapters")],
@@ -315,8 +323,62 @@ def persona_adapters(
     tracking: MLflowResource,
     settings: LineageSettings,
 ) -> dg.MaterializeResult:
-    """One persona's LoRA adapter: pi_SFT -> warm start (SFT) -> GRPO on reward model + format
-    reward, then the paired persona probe on held-out contexts (the `fidelity_effect` check)."""
+    """Each persona's LoRA adapter (one per partition of the run): pi_SFT -> warm start (SFT) ->
+    GRPO on reward model + format reward, then the paired persona probe on held-out contexts
+    (the `fidelity_effect` check: one result per run, a line per persona)."""
+    roster = load_roster(store, settings.train_persona_set)
+    ctxs = train_contexts(store, settings)
+    rm_version = tracking.latest_version(REWARD_MODEL_NAME)
+    if rm_version is None:
+        raise ValueError(f"no {REWARD_MODEL_NAME} in MLflow: materialise persona_reward_model")
+    base = base_model_path(chat)
+    scorer = _reward_scorer(base, str(fetch(tracking, REWARD_MODEL_NAME, rm_version)))
+    init = None
+    if settings.policy_init == "sft":
+        sft_version = tracking.latest_version(POLICY_SFT_MODEL)
+        if sft_version is None:
+            raise ValueError(f"no {POLICY_SFT_MODEL} in MLflow: materialise policy_sft")
+        init = fetch(tracking, POLICY_SFT_MODEL, sft_version)
+    trained = {}
+    for persona in context.partition_keys:
+        card = next(c for c in roster if c.persona_id == persona)
+        trained[persona] = train_persona_adapter(
+            context, store, chat, judges, tracking, settings,
+            AdapterInputs(card, roster, ctxs, base, rm_version, scorer, init))
+    if len(trained) == 1:  # one partition: the persona's own metadata and check, unprefixed
+        ((_, (metadata, check)),) = trained.items()
+        return dg.MaterializeResult(metadata=metadata, check_results=[check])
+    checks = {p: check for p, (_, check) in trained.items()}
+    return dg.MaterializeResult(
+        metadata={f"{p}/{k}": v for p, (meta, _) in trained.items() for k, v in meta.items()},
+        check_results=[dg.AssetCheckResult(
+            check_name="fidelity_effect",
+            passed=all(c.passed for c in checks.values()),
+            severity=dg.AssetCheckSeverity.WARN,
+            description="\n".join(f"{p}: {c.description}" for p, c in checks.items()),
+            metadata={f"{p}/{k}": v for p, c in checks.items() for k, v in c.metadata.items()},
+        )],
+    )
+
+
+@dataclass(frozen=True)
+class AdapterInputs:
+    """What every persona adapter of a run shares: roster, train contexts, base model, the
+    reward model's version and loaded scorer, and pi_SFT's adapter to start from (or None)."""
+
+    card: object
+    roster: list
+    ctxs: list
+    base: str
+    rm_version: str
+    scorer: object
+    init: object
+
+
+def train_persona_adapter(context, store: DuckDBStore, chat: ChatModelResource,
+                          judges: JudgePanelResource, tracking: MLflowResource,
+                          settings: LineageSettings, inputs: AdapterInputs):
+    """One persona's adapter, registered, and its probe: (metadata, fidelity_effect result)."""
     from mascot_dag.lib.rewards import (
         format_reward,
         judge_consistency_reward,
@@ -326,24 +388,17 @@ def persona_adapters(
     from mascot_dag.lib.training.grpo import train_grpo_adapter
     from mascot_dag.lib.training.sft import train_sft_adapter
 
-    persona = context.partition_key
-    roster = load_roster(store, settings.train_persona_set)
-    card = next(c for c in roster if c.persona_id == persona)
-    ctxs = train_contexts(store, settings)
+    card, roster, ctxs, base = inputs.card, inputs.roster, inputs.ctxs, inputs.base
+    rm_version, init = inputs.rm_version, inputs.init
+    persona = card.persona_id
     # The adapter learns on the requests it serves in (lib.dialogue.agent_messages): the opening,
     # and with group_history_turns also after other agents' turns (lib/group_history.py).
     prompts, earlier = group_prompts(store, settings, card, roster, ctxs)
     # The reward model reads its own short form of each prompt (a dataset column TRL passes on).
     reward_prompts = [reward_messages(persona_tag(card), c) for c in ctxs]
     home = Home.from_env()
-    rm_version = tracking.latest_version(REWARD_MODEL_NAME)
-    if rm_version is None:
-        raise ValueError(f"no {REWARD_MODEL_NAME} in MLflow: materialise persona_reward_model")
-    base = base_model_path(chat)
-    rm_dir = fetch(tracking, REWARD_MODEL_NAME, rm_version)
-    scorer = _reward_scorer(base, str(rm_dir))
     others = [c.name for c in roster if c.persona_id != persona]
-    rewards = [reward_model_reward(scorer), format_reward(other_names=others)]
+    rewards = [reward_model_reward(inputs.scorer), format_reward(other_names=others)]
     weights = [settings.reward_model_weight, settings.format_reward_weight]
     columns = {"reward_prompt": reward_prompts}
     if settings.judge_reward_weight > 0:
@@ -357,12 +412,6 @@ def persona_adapters(
         if settings.novelty_ignores_context:
             columns["shared_context"] = [c.text for c in ctxs]
     lora = lora_settings(settings)
-    init = None
-    if settings.policy_init == "sft":
-        sft_version = tracking.latest_version(POLICY_SFT_MODEL)
-        if sft_version is None:
-            raise ValueError(f"no {POLICY_SFT_MODEL} in MLflow: materialise policy_sft")
-        init = fetch(tracking, POLICY_SFT_MODEL, sft_version)
     ckpt = home.checkpoints / "persona_adapters" / persona
     name = registered_name("mascot-persona", persona)
     timings = {}
@@ -418,8 +467,8 @@ def persona_adapters(
     gain, lo, hi = (overall["identifiable_gain"], overall["identifiable_lo"],
                     overall["identifiable_hi"])
     effect = {k: float(v) for k, v in overall.items() if isinstance(v, int | float)}
-    return dg.MaterializeResult(
-        metadata={
+    return (
+        {
             "mlflow_run_id": run.info.run_id,
             "model_version": f"{name}/{version}",
             "trainable_percent": result.trainable_percent,
@@ -434,8 +483,7 @@ def persona_adapters(
                 summary.with_columns(pl.selectors.float().round(3)))),
             **{f"probe_{k}": v for k, v in effect.items()},
         },
-        check_results=[
-            dg.AssetCheckResult(
+        dg.AssetCheckResult(
                 check_name="fidelity_effect",
                 passed=bool(lo > 0 and effect["n_contexts"] >= MIN_CLUSTERS_FOR_SIGNIFICANCE),
                 # one persona's CI is too wide to block on (a coin toss at the study's size);
@@ -449,8 +497,7 @@ def persona_adapters(
                     f"[{lo:+.3f}, {hi:+.3f}]; passes when the CI excludes zero on >= "
                     f"{MIN_CLUSTERS_FOR_SIGNIFICANCE} contexts"),
                 metadata=effect,
-            )
-        ],
+            ),
     )
 
 

@@ -3,6 +3,8 @@
 They take polars frames (a pandas one is converted through `frames.to_polars`).
 """
 
+import warnings
+
 import dagster as dg
 import polars as pl
 
@@ -14,6 +16,30 @@ from mascot_dag.lib.personas import load_personas, personas_of_set
 # assets. Read from the packaged persona files when the code location loads (cheap YAML parsing).
 SUPPORT_PERSONAS = [c.persona_id for c in personas_of_set(load_personas(), "support")]
 persona_partitions = dg.StaticPartitionsDefinition(SUPPORT_PERSONAS)
+
+
+def quiet_backfill_policy_beta() -> None:
+    """`backfill_policy` is marked beta in Dagster 1.13 (it has been stable in use since 1.5):
+    the warning would be the one line of noise in every console that loads the definitions.
+    Called by each module that passes it, right before its decorators: a filter set when this
+    module was first imported may be gone by then (pytest restores filters after collection)."""
+    warnings.filterwarnings("ignore", message="Parameter `backfill_policy`")
+
+
+# The per-persona assets' backfill policy: a backfill of several personas ("Materialize all",
+# the sensors) is ONE run over the persona range, not a run per persona. Each run is a new
+# process that imports torch and loads the models; per persona that was most of Stage 1's time
+# on 2 cores (docs/DESIGN.md, "Whole-lineage runs"). The assets loop over
+# `context.partition_keys` (one key when a single partition is materialised).
+PERSONA_BACKFILL = dg.BackfillPolicy.single_run()
+
+
+def persona_rows(personas) -> tuple[str, list[str]]:
+    """The `where`/`params` of `store.replace` for the rows of these personas: a run replaces
+    exactly the partitions it materialises."""
+    keys = list(personas)
+    return f"persona_id IN ({', '.join('?' * len(keys))})", keys
+
 
 def preview(df, n: int = 5, width: int = 80) -> dg.MetadataValue:
     """A short markdown preview with long cells cut, so the UI stays readable."""

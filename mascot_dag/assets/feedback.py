@@ -1,10 +1,15 @@
 """Stage 1 data (group `feedback`): candidates -> agent-level judgments -> preference pairs.
 
-All three are partitioned by persona. Candidates are sampled on the prompt the agents serve in
-(`lib.dialogue.opening_agent_messages`) from the supervised policy pi_SFT (`policy_sft`), with
-the candidate prompt style (few-shot by default). With `cross_persona_pairs`, persona p's
-judgments score the candidates of EVERY persona for the train contexts AS p, so its pairs can put
-another persona's voice on the rejected side (lib/preferences.py).
+All three are partitioned by persona, with a single-run backfill policy: a backfill of every
+persona ("Materialize all") is ONE run of all three over the persona range (Dagster groups
+persona_judgments with every candidate partition it reads because both have the policy), so the
+models load once instead of once per persona and partition group; materialised alone (the
+`stage1_job`, one partition) an asset handles just that persona. Candidates are sampled on the
+prompt the agents serve in (`lib.dialogue.opening_agent_messages`) from the supervised policy
+pi_SFT (`policy_sft`), with the candidate prompt style (few-shot by default). With
+`cross_persona_pairs`, persona p's judgments score the candidates of EVERY persona for the train
+contexts AS p, so its pairs can put another persona's voice on the rejected side
+(lib/preferences.py).
 """
 
 import dagster as dg
@@ -12,8 +17,11 @@ import polars as pl
 
 from mascot_dag.assets.common import (
     DUCKDB_POOL,
+    PERSONA_BACKFILL,
     TRANSIENT_RETRY,
     persona_partitions,
+    persona_rows,
+    quiet_backfill_policy_beta,
     table_metadata,
 )
 from mascot_dag.lib.dialogue import opening_agent_messages
@@ -72,10 +80,13 @@ def policy_adapter(chat: ChatModelResource, tracking, settings: LineageSettings)
     return attach_policy_sft(chat, tracking, "policy_init='sft' (or set policy_init='base')")
 
 
+quiet_backfill_policy_beta()
+
 @dg.asset(
     group_name="feedback",
     partitions_def=persona_partitions,
     deps=["contexts", "persona_prompts", "policy_sft"],
+    backfill_policy=PERSONA_BACKFILL,
     kinds={"duckdb", "pytorch"},
     pool=DUCKDB_POOL, retry_policy=TRANSIENT_RETRY,
 )
@@ -86,22 +97,26 @@ def candidate_responses(
     tracking: MLflowResource,
     settings: LineageSettings,
 ) -> dg.MaterializeResult:
-    """K sampled responses per (train context, persona) from pi_SFT (cached in DuckDB)."""
-    persona = context.partition_key
+    """K sampled responses per (train context, persona) from pi_SFT (cached in DuckDB), for each
+    persona of the run (one batch: the seeds are per persona and sample, not per batch)."""
+    personas = context.partition_keys
     roster = load_roster(store, settings.train_persona_set)
-    index = [c.persona_id for c in roster].index(persona)
-    card = roster[index]
+    ids = [c.persona_id for c in roster]
     ctxs = train_contexts(store, settings)
     adapter = policy_adapter(chat, tracking, settings)
     requests, meta = [], []
-    for c in ctxs:
-        messages = tuple(opening_agent_messages(card, c, roster, settings.candidate_prompt_style))
-        for k in range(settings.k_candidates):
-            seed = candidate_seed(settings.seed, index, k)
-            sampling = SamplingParams(settings.max_new_tokens, settings.temperature,
-                                      settings.top_p, seed)
-            requests.append(ChatRequest(messages, sampling, adapter))
-            meta.append((c.context_id, k, seed))
+    for persona in personas:
+        index = ids.index(persona)
+        card = roster[index]
+        for c in ctxs:
+            messages = tuple(opening_agent_messages(card, c, roster,
+                                                    settings.candidate_prompt_style))
+            for k in range(settings.k_candidates):
+                seed = candidate_seed(settings.seed, index, k)
+                sampling = SamplingParams(settings.max_new_tokens, settings.temperature,
+                                          settings.top_p, seed)
+                requests.append(ChatRequest(messages, sampling, adapter))
+                meta.append((persona, c.context_id, k, seed))
     cached = CachedChat(chat.backend(), store.db_path, chat.model_name)
     results = cached.generate(requests)
     df = pl.DataFrame(
@@ -111,14 +126,15 @@ def candidate_responses(
              "sample_idx": k, "prompt_style": settings.candidate_prompt_style,
              "model": f"{chat.model_name}+{adapter}" if adapter else chat.model_name,
              "text": r.text, "completion_tokens": r.completion_tokens, "seed": seed}
-            for (cid, k, seed), r in zip(meta, results, strict=True)
+            for (persona, cid, k, seed), r in zip(meta, results, strict=True)
         ],
         infer_schema_length=None,
     )
-    store.replace("candidates", df, "persona_id = ?", [persona])
+    store.replace("candidates", df, *persona_rows(personas))
     return dg.MaterializeResult(
         metadata=table_metadata(
             df.select("candidate_id", "text", "completion_tokens"),
+            personas=list(personas),
             contexts=len(ctxs),
             policy=adapter or "base",
             cache_hits=cached.hits,
@@ -133,6 +149,7 @@ def candidate_responses(
     partitions_def=persona_partitions,
     # every persona's candidates: with cross_persona_pairs this persona judges all of them
     deps=[dg.AssetDep(candidate_responses, partition_mapping=dg.AllPartitionMapping())],
+    backfill_policy=PERSONA_BACKFILL,
     kinds={"duckdb"},
     pool=DUCKDB_POOL, retry_policy=TRANSIENT_RETRY,
 )
@@ -142,35 +159,40 @@ def persona_judgments(
     judges: JudgePanelResource,
     settings: LineageSettings,
 ) -> dg.MaterializeResult:
-    """Agent-level rubric scores (5 criteria, 1-5) of the candidates judged AS this persona
-    (with cross_persona_pairs: every persona's candidates) by every judge of the panel, long
-    format, one row per judge."""
-    persona = context.partition_key
+    """Agent-level rubric scores (5 criteria, 1-5) of the candidates judged AS each persona of
+    the run (with cross_persona_pairs: every persona's candidates) by every judge of the panel,
+    long format, one row per judge."""
+    personas = context.partition_keys
     roster = load_roster(store, settings.train_persona_set)
-    card = next(c for c in roster if c.persona_id == persona)
+    cards = {c.persona_id: c for c in roster}
     which = "" if settings.cross_persona_pairs else "WHERE c.persona_id = ?"
-    cands = store.frame(
-        "SELECT c.candidate_id, c.text, x.text AS context_text FROM candidates c "
-        f"JOIN contexts x USING (context_id) {which} ORDER BY c.candidate_id",
-        [] if settings.cross_persona_pairs else [persona],
-    )
-    if cands.is_empty():
-        raise ValueError(f"no candidates for persona {persona}: materialise candidate_responses")
-    items = [ResponseItem(ctx_text, card, roster, text, [])
-             for ctx_text, text in cands.select("context_text", "text").iter_rows()]
+    items, targets = [], []  # one judging call per judge for the whole run
+    for persona in personas:
+        cands = store.frame(
+            "SELECT c.candidate_id, c.text, x.text AS context_text FROM candidates c "
+            f"JOIN contexts x USING (context_id) {which} ORDER BY c.candidate_id",
+            [] if settings.cross_persona_pairs else [persona],
+        )
+        if cands.is_empty():
+            raise ValueError(
+                f"no candidates for persona {persona}: materialise candidate_responses")
+        items += [ResponseItem(ctx_text, cards[persona], roster, text, [])
+                  for ctx_text, text in cands.select("context_text", "text").iter_rows()]
+        targets += [(cid, persona) for cid in cands["candidate_id"]]
     rows = []
     for j in judges.judges():
-        for cid, scores in zip(cands["candidate_id"], j.score_responses(items), strict=True):
+        for (cid, persona), scores in zip(targets, j.score_responses(items), strict=True):
             rows += score_rows(scores, target_id=cid, persona_id=persona, judge=j.name)
     df = pl.DataFrame(rows, schema=JUDGMENT_SCHEMA)
-    # every judge's rows of this persona at once: a judge dropped from the panel leaves none
-    store.replace("judgments", df, "persona_id = ?", [persona])
+    # every judge's rows of these personas at once: a judge dropped from the panel leaves none
+    store.replace("judgments", df, *persona_rows(personas))
     failure = df.group_by("judge").agg((pl.col("status") == "failed").mean()).sort("judge")
     means = (df.filter(pl.col("status") == "ok").group_by("judge", "criterion")
              .agg(pl.col("score").mean()).sort("judge", "criterion"))
     return dg.MaterializeResult(
         metadata=table_metadata(
             df.select("target_id", "judge", "criterion", "score", "rationale"),
+            personas=list(personas),
             judges=sorted(df["judge"].unique().to_list()),
             training_judge=judges.training_judge,
             failure_rate_by_judge=dict(failure.rows()),
@@ -185,6 +207,7 @@ def persona_judgments(
     group_name="feedback",
     partitions_def=persona_partitions,
     deps=[persona_judgments],
+    backfill_policy=PERSONA_BACKFILL,
     kinds={"duckdb"},
     pool=DUCKDB_POOL, retry_policy=TRANSIENT_RETRY,
 )
@@ -192,33 +215,41 @@ def persona_preference_pairs(
     context: dg.AssetExecutionContext, store: DuckDBStore, judges: JudgePanelResource,
     settings: LineageSettings,
 ) -> dg.MaterializeResult:
-    """Chosen/rejected pairs of one context for this persona, persona-weighted score gap >= delta
-    (lib/preferences.py: the pool holds every persona's candidates with cross_persona_pairs),
-    ranked on the panel's training judge (lib/judges/panel.py)."""
-    persona = context.partition_key
+    """Chosen/rejected pairs of one context for each persona of the run, persona-weighted score
+    gap >= delta (lib/preferences.py: the pool holds every persona's candidates with
+    cross_persona_pairs), ranked on the panel's training judge (lib/judges/panel.py)."""
+    personas = context.partition_keys
     which = "" if settings.cross_persona_pairs else "WHERE persona_id = ?"
-    cands = store.frame(f"SELECT candidate_id, context_id, persona_id FROM candidates {which}",
-                        [] if settings.cross_persona_pairs else [persona])
-    judg = training_judgments(store.frame("SELECT * FROM judgments WHERE persona_id = ?",
-                                          [persona]), judges.training_judge)
-    scores = mean_scores(judg, settings.persona_score_weight)
-    pairs = make_pairs(cands, scores, settings.preference_delta, persona=persona,
-                       max_per_context=settings.max_pairs_per_context)
-    store.replace("preference_pairs", pairs, "persona_id = ?", [persona])
+    per_persona, cross_rejected = [], 0
+    for persona in personas:
+        cands = store.frame(
+            f"SELECT candidate_id, context_id, persona_id FROM candidates {which}",
+            [] if settings.cross_persona_pairs else [persona])
+        judg = training_judgments(store.frame("SELECT * FROM judgments WHERE persona_id = ?",
+                                              [persona]), judges.training_judge)
+        scores = mean_scores(judg, settings.persona_score_weight)
+        pairs = make_pairs(cands, scores, settings.preference_delta, persona=persona,
+                           max_per_context=settings.max_pairs_per_context)
+        if pairs.is_empty():
+            context.log.warning(
+                f"{persona}: no candidate pair differs by >= {settings.preference_delta}")
+        cross_rejected += int(
+            (~pairs["rejected_id"].str.contains(f"|{persona}|", literal=True)).sum())
+        per_persona.append(pairs)
+    pairs = pl.concat(per_persona)
+    store.replace("preference_pairs", pairs, *persona_rows(personas))
     margins = {k: round(v, 3) for k, v in describe(pairs["margin"].to_list()).items()}
-    if pairs.is_empty():
-        context.log.warning(
-            f"{persona}: no candidate pair differs by >= {settings.preference_delta}")
     return dg.MaterializeResult(
         metadata=table_metadata(
             pairs.select("pair_id", "chosen_id", "rejected_id", "margin"),
+            personas=list(personas),
             pairs=len(pairs),
             delta=settings.preference_delta,
             training_judge=judges.training_judge,
             margin_distribution={k: float(v) for k, v in margins.items()},
-            contexts_with_pairs=pairs["context_id"].n_unique(),
-            cross_persona_rejected=int(
-                (~pairs["rejected_id"].str.contains(f"|{persona}|", literal=True)).sum()),
+            # (persona, context) pools that gave a pair: per persona, contexts with pairs
+            contexts_with_pairs=pairs.select("persona_id", "context_id").n_unique(),
+            cross_persona_rejected=cross_rejected,
         )
     )
 

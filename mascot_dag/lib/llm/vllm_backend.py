@@ -69,8 +69,9 @@ def engine_kwargs(
 
     On CPU: bfloat16 (measured 122 tok/s batched against 78 for float32 on 2 cores), eager mode
     (torch.compile's warm-up took 45 s of a 90 s start; eager starts in ~30 s and generates as
-    fast at this size), and a bounded KV cache (CPU_KVCACHE_GIB, read by the engine's worker
-    process from the environment). On CUDA: vLLM's defaults plus the memory share."""
+    fast at this size), and a bounded KV cache (CPU_KVCACHE_GIB, or VLLM_CPU_KVCACHE_SPACE
+    when set), passed as an engine argument so a server started by `server_command` gets it
+    too, and no chunked prefill (see below). On CUDA: vLLM's defaults plus the memory share."""
     kw: dict[str, Any] = {
         "model": path,
         "enable_lora": True,
@@ -85,8 +86,16 @@ def engine_kwargs(
         "structured_outputs_config": {"backend": "xgrammar", "disable_any_whitespace": True},
     }
     if on_cpu():
-        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(CPU_KVCACHE_GIB))
-        kw.update(dtype="bfloat16", enforce_eager=True if enforce_eager is None else enforce_eager)
+        # An explicit KV cache size also skips vLLM's start-up check that the free memory covers
+        # `gpu_memory_utilization` (0.92) of the machine's: with training or a second engine
+        # running, that check failed the start (measured: 20.6 of 21.7 GiB free).
+        gib = float(os.environ.get("VLLM_CPU_KVCACHE_SPACE") or CPU_KVCACHE_GIB)
+        kw.update(dtype="bfloat16", enforce_eager=True if enforce_eager is None else enforce_eager,
+                  kv_cache_memory_bytes=int(gib * 2**30),
+                  # Chunked prefill with seeded requests crashes vLLM 0.31's CPU sampler once a
+                  # batch passes 4096 prompt tokens ("CPU Generator does not use offset",
+                  # reproduced with 48 seeded chats); whole-prompt prefill runs the same batch.
+                  enable_chunked_prefill=False)
     else:
         kw["gpu_memory_utilization"] = gpu_memory_utilization
         if enforce_eager is not None:
@@ -243,9 +252,9 @@ def server_command(
         if value is True:
             cmd.append(flag)
         elif value is False:
-            continue
+            cmd.append("--no-" + flag[2:])  # vLLM's booleans are BooleanOptionalAction
         elif isinstance(value, dict):
-            cmd += [flag, json.dumps(value)]
+            cmd += [flag, json.dumps(value, separators=(",", ":"))]  # one shell word
         else:
             cmd += [flag, str(value)]
     return cmd

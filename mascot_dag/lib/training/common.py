@@ -42,8 +42,9 @@ def trainer_kwargs(settings: _TrainSettings, checkpoint_dir: Path) -> dict[str, 
         "data_seed": settings.seed,
         "use_cpu": settings.use_cpu,
         "bf16": settings.bf16,
-        # transformers 5 name; gradient_checkpointing is its deprecated alias (and warns).
-        "activation_checkpointing": settings.gradient_checkpointing,
+        # The name transformers 5.17 (the pin vllm 0.31 allows) knows; 5.18+ renamed it
+        # activation_checkpointing and keeps this one as a deprecated alias.
+        "gradient_checkpointing": settings.gradient_checkpointing,
         # MLflow logging happens in the assets (lib.tracking), from the curves we return.
         "report_to": "none",
         "logging_steps": 1,
