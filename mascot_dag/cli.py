@@ -35,6 +35,12 @@ def demo(
     sizes: str = typer.Option(
         None, help="Another profile's sizes with this profile's resources, on CPU, gates "
         "non-blocking: --profile paper --sizes tiny tries vLLM and the LLM judge on a laptop"),
+    select: list[str] = typer.Option(
+        [], "--select", help="Only these asset partitions (repeatable): ASSET, or "
+        "ASSET:P1,P2 for some partitions, e.g. --select persona_adapters:anchor,beacon"),
+    executor: str = typer.Option(
+        None, help="in_process (default) | multiprocess | ray (the cluster profile's default: "
+        "each step a Ray job at $MASCOT_RAY_ADDRESS); or $MASCOT_EXECUTOR"),
 ) -> None:
     """Materialise the whole lineage (asset runs in the Dagster instance) and say where it is."""
     from mascot_dag.lib.quiet import quiet_libraries
@@ -46,23 +52,39 @@ def demo(
 
     if profile:
         os.environ["MASCOT_PROFILE"] = profile
+    # Through the environment, so that steps running in other processes (multiprocess, Ray
+    # workers) build the same settings and executor (profiles.settings_from_env).
+    if sizes:
+        os.environ["MASCOT_SIZES"] = sizes
+    if set_:
+        import json
+
+        os.environ["MASCOT_SET"] = json.dumps(set_)
+    if executor:
+        os.environ["MASCOT_EXECUTOR"] = executor
     home = prepare_home()
     import dagster as dg
 
-    from mascot_dag.pipeline import StepResult, run_lineage
-    from mascot_dag.profiles import override_settings, resources_for, with_sizes
+    from mascot_dag.pipeline import StepResult, parse_selection, run_lineage
+    from mascot_dag.profiles import executor_name, resources_for
 
-    resources = resources_for()
     try:
-        if sizes:
-            resources["settings"] = with_sizes(resources["settings"], sizes)
-        resources["settings"] = override_settings(resources["settings"], set_)
+        executor_name()
+        resources = resources_for()
+        selected = None
+        if select:
+            from mascot_dag.definitions import all_assets
+
+            graph = dg.Definitions(assets=all_assets).resolve_asset_graph()
+            selected = parse_selection(graph, select)
     except ValueError as exc:
         typer.echo(str(exc), err=True)
         raise typer.Exit(2) from None
     t0 = time.monotonic()
-    typer.echo(f"Whole lineage, profile {os.environ.get('MASCOT_PROFILE', 'embedded')}: one asset "
-               "run per step, recorded in the Dagster instance (make dev shows them).", err=True)
+    typer.echo(f"{'Selected asset partitions' if select else 'Whole lineage'}, profile "
+               f"{os.environ.get('MASCOT_PROFILE', 'embedded')}, executor {executor_name()}: one "
+               "asset run per step, recorded in the Dagster instance (make dev shows them).",
+               err=True)
 
     def progress(r: StepResult) -> None:
         state = "ok" if r.success else f"FAILED ({', '.join(r.failed)}; run {r.run_id[:8]})"
@@ -74,7 +96,7 @@ def demo(
     with dg.DagsterInstance.get() as instance:
         try:
             results = run_lineage(resources, instance=instance, on_step=progress,
-                                  missing_only=missing_only)
+                                  missing_only=missing_only, selection=selected)
         except KeyboardInterrupt:
             typer.echo(f"\nStopped after {time.monotonic() - t0:.0f} s: the asset run in progress "
                        "is recorded as failed. `mascot demo --missing-only` goes on from there.",
@@ -84,7 +106,7 @@ def demo(
     typer.echo(f"\nLineage finished in {time.monotonic() - t0:.0f} s ({len(results)} runs"
                f"{f', {len(failed)} failed' if failed else ''}).")
     typer.echo(f"  DuckDB:   {home.duckdb}   (mascot query NAME, or duckdb {home.duckdb})")
-    typer.echo(f"  MLflow:   {home.mlflow_uri}   (make mlflow-ui)")
+    typer.echo(f"  MLflow:   {resources['tracking'].uri}   (make mlflow-ui)")
     typer.echo(f"  Reports:  {home.reports}")
     typer.echo(f"  Dagster:  {os.environ['DAGSTER_HOME']}   (make dev)")
     if failed:

@@ -177,6 +177,12 @@ class LineageWalk:
     done: set[AP] = field(default_factory=set)
     failed: set[AP] = field(default_factory=set)
     skipped: set[AP] = field(default_factory=set)
+    # One run per partition even where a single-run backfill policy would run the whole range
+    # in one (the policy saves model loads in one process; on a cluster the partitions run side
+    # by side on different workers instead).
+    per_partition: bool = False
+    # Handed out by next_step and not yet recorded: not handed out again, not done either.
+    running: set[AP] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         self.todo = set(self.todo)
@@ -188,14 +194,21 @@ class LineageWalk:
                                        and parent not in self.skipped)
 
     def next_step(self) -> Step | None:
+        step = self._next_step()
+        if step is not None:
+            self.running.update((k, p) for k in step.assets for p in step.partitions)
+        return step
+
+    def _next_step(self) -> Step | None:
         self._skip_blocked()
-        ready = {ap for ap in self.todo if all(self._ok(p) for p in self._parents[ap])}
+        ready = {ap for ap in self.todo - self.running
+                 if all(self._ok(p) for p in self._parents[ap])}
         if not ready:
             return None
         grew = True
         while grew:  # children that may run in the same run as a ready parent
             grew = False
-            for ap in sorted(self.todo - ready, key=self._rank):
+            for ap in sorted(self.todo - ready - self.running, key=self._rank):
                 if all(self._ok(p) or (p in ready and p[1] == ap[1]
                                        and _runs_with_parent(self.graph, ap[0], p[0]))
                        for p in self._parents[ap]):
@@ -203,7 +216,7 @@ class LineageWalk:
                     grew = True
         first = min(ready, key=self._rank)
         pdef = self.graph.get(first[0]).partitions_def
-        if first[1] is not None and _single_run(self.graph, first[0]):
+        if first[1] is not None and _single_run(self.graph, first[0]) and not self.per_partition:
             # as the daemon backfills it: the contiguous ready partitions from `first`, one run
             keys = _keys(self.graph, first[0])
             run = []
@@ -244,6 +257,7 @@ class LineageWalk:
             for p in step.partitions:
                 ap = (key, p)
                 self.todo.discard(ap)
+                self.running.discard(ap)
                 (self.done if key in ok else self.failed).add(ap)
 
     def _skip_blocked(self) -> None:
@@ -439,15 +453,72 @@ def release_orphaned_runs(instance: dg.DagsterInstance) -> list[str]:
     return released
 
 
+def parse_selection(graph, specs: Iterable[str]) -> set[AP]:
+    """Asset partitions named by `--select` specs: `ASSET` (every partition) or
+    `ASSET:P1,P2` (those partitions). An unknown asset or partition is a ValueError naming the
+    spec and what exists."""
+    out: set[AP] = set()
+    names = [k.to_user_string() for k in graph.toposorted_asset_keys]
+    for spec in specs:
+        name, _, parts = spec.partition(":")
+        key = dg.AssetKey(name.strip())
+        if name.strip() not in names:
+            raise ValueError(f"--select {spec!r}: no asset {name.strip()!r}; the assets are "
+                             f"{', '.join(names)}")
+        keys = _keys(graph, key)
+        if not parts:
+            out.update((key, p) for p in keys)
+            continue
+        wanted = [p.strip() for p in parts.split(",") if p.strip()]
+        if keys == [None]:
+            raise ValueError(f"--select {spec!r}: {name} is not partitioned (select it by name)")
+        bad = [p for p in wanted if p not in keys]
+        if bad:
+            raise ValueError(f"--select {spec!r}: {name} has no partition {', '.join(bad)}; it "
+                             f"has {', '.join(keys)}")
+        out.update((key, p) for p in wanted)
+    return out
+
+
+def _sweep_orphans(resources: dict, run_id: str) -> None:
+    """Mark FAILED the MLflow runs that Dagster run `run_id` (now ended) left RUNNING: a worker
+    killed mid-step cannot end its own (docs/DESIGN.md "Past one machine"). Never fails the walk:
+    an unreachable tracking server here is reported by the next step that needs it."""
+    tracking = resources.get("tracking")
+    if tracking is None or not hasattr(tracking, "fail_orphaned_runs"):
+        return
+    try:
+        tracking.fail_orphaned_runs(run_id, f"Dagster run {run_id} ended while this MLflow run "
+                                            "was still RUNNING: its worker died mid-step")
+    except Exception as exc:  # noqa: BLE001
+        import logging
+
+        logging.getLogger("mascot").warning("could not mark orphaned MLflow runs of %s: %s",
+                                            run_id, exc)
+
+
 def run_lineage(
     resources: dict,
     instance: dg.DagsterInstance | None = None,
     on_step: Callable[[StepResult], None] | None = None,
     missing_only: bool = False,
     tags: dict[str, str] | None = None,
+    selection: set[AP] | None = None,
+    executor: str | None = None,
 ) -> list[StepResult]:
-    """Materialise every asset partition (or only the missing/stale ones), step by step, as runs
-    of the implicit asset job recorded in `instance` (DAGSTER_HOME's by default)."""
+    """Materialise every asset partition (or only the missing/stale ones; or only those of
+    `selection`), step by step, as runs of the implicit asset job recorded in `instance`
+    (DAGSTER_HOME's by default).
+
+    `executor` (default: profiles.executor_name, i.e. MASCOT_EXECUTOR or the profile's): with
+    `in_process` the runs execute here one after another (`make demo`); with any other the runs
+    are launched on the code location `mascot_dag.definitions` with its executor (`ray`: each
+    step a Ray job), one run per partition and up to MASCOT_MAX_CONCURRENT_RUNS (default 4) at
+    once. In that case `resources` serve only this process's bookkeeping (the orphan sweep):
+    the steps build theirs from the code location, i.e. from the same environment."""
+    from mascot_dag.profiles import executor_name
+
+    executor = executor_name(executor)
     defs = lineage_definitions(resources)
     graph = defs.resolve_asset_graph()
     job = defs.resolve_implicit_global_asset_job_def()
@@ -458,8 +529,12 @@ def run_lineage(
     try:
         release_orphaned_runs(instance)
         todo = stale_or_missing(instance, graph) if missing_only else set(asset_partitions(graph))
-        walk = LineageWalk(graph, todo)
+        if selection is not None:
+            todo &= set(selection)
+        walk = LineageWalk(graph, todo, per_partition=executor != "in_process")
         lineage_tag = {"mascot/lineage": str(int(time.time())), **(tags or {})}
+        if executor != "in_process":
+            return _run_launched(walk, resources, instance, lineage_tag, checks_by_op, on_step)
         results: list[StepResult] = []
         while (step := walk.next_step()) is not None:
             t0 = time.monotonic()
@@ -485,6 +560,54 @@ def run_lineage(
     finally:
         if owned:
             instance.dispose()
+
+
+def _run_launched(walk: LineageWalk, resources: dict, instance: dg.DagsterInstance,
+                  lineage_tag: dict[str, str], checks_by_op: dict[str, dg.AssetKey],
+                  on_step: Callable[[StepResult], None] | None) -> list[StepResult]:
+    """The walk with runs launched on the code location's executor, several at once: every
+    step the walk hands out while fewer than MASCOT_MAX_CONCURRENT_RUNS runs are in flight
+    starts at once (the `duckdb` pool still lets one writing step run at a time, across runs)."""
+    from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+
+    from dagster._core.storage.tags import PARTITION_NAME_TAG
+
+    from mascot_dag.cluster import code_location_job
+
+    recon = code_location_job()
+    limit = max(1, int(os.environ.get("MASCOT_MAX_CONCURRENT_RUNS", "4")))
+
+    def launch(step: Step) -> tuple[str, bool, set[dg.AssetKey], tuple[str, ...]]:
+        run_tags = dict(lineage_tag)
+        if step.partition is not None:
+            run_tags[PARTITION_NAME_TAG] = step.partition
+        with dg.execute_job(recon, instance=instance, asset_selection=list(step.assets),
+                            run_config=QUIET_RUN_CONFIG, tags=run_tags,
+                            raise_on_error=False) as result:
+            return (result.run_id, result.success, _succeeded(result, step, checks_by_op),
+                    run_errors(result))
+
+    results: list[StepResult] = []
+    with ThreadPoolExecutor(max_workers=limit, thread_name_prefix="mascot-run") as pool:
+        flying: dict = {}
+        while True:
+            while len(flying) < limit and (step := walk.next_step()) is not None:
+                flying[pool.submit(launch, step)] = (step, time.monotonic())
+            if not flying:
+                return results
+            done, _ = wait(flying, return_when=FIRST_COMPLETED)
+            for future in done:
+                step, t0 = flying.pop(future)
+                run_id, success, ok, errors = future.result()
+                walk.record(step, ok)
+                res = StepResult(step, run_id, success and len(ok) == len(step.assets),
+                                 time.monotonic() - t0,
+                                 tuple(k.to_user_string() for k in step.assets if k not in ok),
+                                 errors)
+                results.append(res)
+                _sweep_orphans(resources, run_id)
+                if on_step:
+                    on_step(res)
 
 
 def lineage_backfill(graph, tags: dict[str, str] | None = None) -> dg.RunRequest:

@@ -14,14 +14,28 @@
   minutes on a GPU.
 - tiny: what the tests use: the embedded models with the smallest sizes that still exercise
   every code path.
-Pick one with MASCOT_PROFILE (or `mascot demo --profile`).
+- cluster: past one machine (docs/DESIGN.md "Past one machine"): the embedded sizes, every step
+  a Ray job (MASCOT_RAY_ADDRESS, the head's dashboard), MLflow on a tracking server
+  (MASCOT_MLFLOW_URI), generation on a vLLM OpenAI server that loads the run's adapters
+  (MASCOT_GENERATION_URL), MASCOT_HOME on storage every worker sees.
+Pick one with MASCOT_PROFILE (or `mascot demo --profile`). MASCOT_SIZES (another profile's
+sizes, `--sizes`) and MASCOT_SET (a JSON list of KEY=VALUE, `--set`) change the settings of any
+profile; they are environment variables so that a worker on another machine builds the same
+settings as the process that launched it.
 """
 
 from __future__ import annotations
 
 import os
 
-PROFILES = ("embedded", "study", "paper", "tiny")
+PROFILES = ("embedded", "study", "paper", "tiny", "cluster")
+# What the cluster profile reads from the environment, and what each must point at.
+CLUSTER_ENV = {
+    "MASCOT_MLFLOW_URI": "an MLflow tracking server, e.g. http://127.0.0.1:5000 (mlflow server "
+                         "--backend-store-uri sqlite:///... --serve-artifacts)",
+    "MASCOT_GENERATION_URL": "a vLLM OpenAI server's API root, e.g. http://127.0.0.1:8000/v1, "
+                             "started with VLLM_ALLOW_RUNTIME_LORA_UPDATING=true",
+}
 
 
 def profile_name(name: str | None = None) -> str:
@@ -107,6 +121,24 @@ def with_sizes(settings, sizes: str):
     return type(settings)(**{**settings.model_dump(), **values})
 
 
+def settings_from_env(settings):
+    """`settings` with MASCOT_SIZES (`with_sizes`) and MASCOT_SET (a JSON list of KEY=VALUE,
+    `override_settings`) applied; a bad value is a ValueError naming the variable."""
+    import json
+
+    if sizes := os.environ.get("MASCOT_SIZES"):
+        settings = with_sizes(settings, sizes)
+    if raw := os.environ.get("MASCOT_SET"):
+        try:
+            assignments = json.loads(raw)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"MASCOT_SET={raw!r} is not a JSON list of KEY=VALUE: {exc}") from None
+        if not isinstance(assignments, list) or not all(isinstance(a, str) for a in assignments):
+            raise ValueError(f"MASCOT_SET={raw!r} must be a JSON list of KEY=VALUE strings")
+        settings = override_settings(settings, assignments)
+    return settings
+
+
 def override_settings(settings, assignments: list[str]):
     """`settings` with KEY=VALUE assignments applied (`mascot demo --set`): VALUE is JSON when it
     parses (32, false, ["neutral"]), else a plain string. An unknown key or a value of the wrong
@@ -141,18 +173,32 @@ def override_settings(settings, assignments: list[str]):
 
 def resources_for(name: str | None = None) -> dict:
     """The resource set of a profile (built lazily: nothing loads a model here)."""
-    from mascot_dag.resources.llm import TransformersChatResource, VLLMChatResource
+    from mascot_dag.resources.llm import (
+        TransformersChatResource,
+        VLLMChatResource,
+        VLLMServerChatResource,
+    )
     from mascot_dag.resources.store import DuckDBStore
     from mascot_dag.resources.tracking import MLflowResource
 
     name = profile_name(name)
     resources = {
         "store": DuckDBStore(),
-        "settings": settings_for(name),
+        "settings": settings_from_env(settings_for(name)),
         "tracking": MLflowResource(),
         "judges": judge_panel(name),
     }
-    if name == "paper":
+    if name == "cluster":
+        missing = [f"{k} ({what})" for k, what in CLUSTER_ENV.items() if not os.environ.get(k)]
+        if missing:
+            raise ValueError("profile cluster needs " + "; ".join(missing))
+        from mascot_dag.lib.models import EMBEDDED_MODEL
+
+        resources["tracking"] = MLflowResource(tracking_uri=os.environ["MASCOT_MLFLOW_URI"])
+        resources["chat"] = VLLMServerChatResource(
+            base_url=os.environ["MASCOT_GENERATION_URL"],
+            model=os.environ.get("MASCOT_MODEL", EMBEDDED_MODEL))
+    elif name == "paper":
         resources["chat"] = VLLMChatResource(
             model=os.environ.get("MASCOT_MODEL", "Qwen/Qwen3-1.7B"))
     else:
@@ -199,17 +245,33 @@ def judge_panel(name: str):
                               three_way_judge="llm" if llm is not None else "metric")
 
 
+EXECUTORS = ("in_process", "multiprocess", "ray")
+
+
+def executor_name(name: str | None = None) -> str:
+    """MASCOT_EXECUTOR, else `ray` for the cluster profile and `in_process` for the others."""
+    name = name or os.environ.get("MASCOT_EXECUTOR")
+    if not name:
+        name = "ray" if os.environ.get("MASCOT_PROFILE") == "cluster" else "in_process"
+    if name not in EXECUTORS:
+        raise ValueError(f"unknown executor {name!r} (MASCOT_EXECUTOR); one of {EXECUTORS}")
+    return name
+
+
 def executor_for(name: str | None = None):
-    """The Definitions' executor: `in_process` (default; one process per run, models loaded once)
-    or `multiprocess` (one process per step, MASCOT_MAX_CONCURRENT of them, default 4) for
-    machines with cores and memory to spare. Pick it with MASCOT_EXECUTOR."""
+    """The Definitions' executor: `in_process` (default; one process per run, models loaded once),
+    `multiprocess` (one process per step, MASCOT_MAX_CONCURRENT of them, default 4) for
+    machines with cores and memory to spare, or `ray` (each step a Ray job on the cluster at
+    MASCOT_RAY_ADDRESS; the cluster profile's default). Pick it with MASCOT_EXECUTOR."""
     import dagster as dg
 
-    name = name or os.environ.get("MASCOT_EXECUTOR", "in_process")
+    name = executor_name(name)
     if name == "in_process":
         return dg.in_process_executor
     if name == "multiprocess":
         limit = int(os.environ.get("MASCOT_MAX_CONCURRENT", "4"))
         return dg.multiprocess_executor.configured({"max_concurrent": limit})
-    raise ValueError(f"unknown executor {name!r} (MASCOT_EXECUTOR); in_process or multiprocess")
+    from mascot_dag.cluster import executor
+
+    return executor()
 

@@ -148,7 +148,10 @@ def test_duckdb_writers_share_a_pool_and_retry(graph):
 
     for name in ("contexts", "candidate_responses", "persona_judgments", "eval_dialogues",
                  "eval_scores", "group_rollouts", "persona_adapters"):
-        assert graph.get(K(name)).pools == {DUCKDB_POOL}, name
+        # persona_adapters trains for minutes before one write: out of the pool, so the
+        # personas train side by side on a cluster (docs/DESIGN.md "Past one machine")
+        pools = set() if name == "persona_adapters" else {DUCKDB_POOL}
+        assert graph.get(K(name)).pools == pools, name
         node = defs.resolve_assets_def(K(name)).node_def
         assert node.retry_policy is not None and node.retry_policy.max_retries >= 1, name
 
@@ -210,7 +213,8 @@ def test_demo_set_overrides_profile_settings_or_names_the_bad_assignment(tmp_pat
     # the CLI refuses before any run starts: exit 2, the assignment named, no run recorded
     # every variable the command sets is listed, so CliRunner restores it afterwards
     env = {"MASCOT_HOME": str(tmp_path / "h"), "DAGSTER_HOME": str(tmp_path / "h" / "dagster"),
-           "MASCOT_PROFILE": None}
+           "MASCOT_PROFILE": None, "MASCOT_SET": None, "MASCOT_SIZES": None,
+           "MASCOT_EXECUTOR": None}
     out = CliRunner().invoke(app, ["demo", "--profile", "tiny", "--set", "grpo_stepz=3"], env=env)
     assert out.exit_code == 2 and "grpo_stepz" in out.output
     assert not list((tmp_path / "h" / "dagster").glob("history/runs/*"))

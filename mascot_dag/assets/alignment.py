@@ -20,10 +20,10 @@ import dagster as dg
 import polars as pl
 
 from mascot_dag.assets.common import (
-    DUCKDB_POOL,
     PERSONA_BACKFILL,
     TRANSIENT_RETRY,
     base_model_path,
+    cluster_tags,
     fingerprint,
     markdown_table,
     persona_partitions,
@@ -131,6 +131,7 @@ def log_curves(tracking: MLflowResource, curves: dict[str, list]) -> None:
 quiet_backfill_policy_beta()
 
 @dg.asset(
+    op_tags=cluster_tags("policy_sft"),
     group_name="persona_alignment",
     deps=["contexts"],
     kinds={"pytorch", "mlflow"},
@@ -177,6 +178,7 @@ def policy_sft(
 
 
 @dg.asset(
+    op_tags=cluster_tags("persona_reward_model"),
     group_name="persona_alignment",
     deps=["persona_preference_pairs"],
     kinds={"pytorch", "mlflow"},
@@ -305,6 +307,7 @@ def warm_start_examples(store: DuckDBStore, settings: LineageSettings, card, ros
 
 
 @dg.asset(
+    op_tags=cluster_tags("persona_adapters"),
     group_name="persona_alignment",
     partitions_def=persona_partitions,
     deps=[persona_reward_model, policy_sft],
@@ -312,7 +315,12 @@ def warm_start_examples(store: DuckDBStore, settings: LineageSettings, card, ros
     # load once for the roster (assets/common.PERSONA_BACKFILL)
     backfill_policy=PERSONA_BACKFILL,
     kinds={"pytorch", "mlflow"},
-    pool=DUCKDB_POOL, retry_policy=TRANSIENT_RETRY,  # the persona probe writes persona_probe
+    # Not in the `duckdb` pool: the pool holds a slot for the whole step, and this step trains
+    # for minutes before one short write (the probe's persona_probe rows, one transaction).
+    # Holding the slot serialised the personas' training on a cluster; the write is kept apart
+    # by DuckDB's single-writer lock, which `lib/db.connect` waits on (docs/DESIGN.md "Past one
+    # machine").
+    retry_policy=TRANSIENT_RETRY,
     check_specs=[dg.AssetCheckSpec("fidelity_effect", asset="persona_adapters")],
 )
 def persona_adapters(
@@ -502,6 +510,7 @@ def train_persona_adapter(context, store: DuckDBStore, chat: ChatModelResource,
 
 
 @dg.asset(
+    op_tags=cluster_tags("persona_roster_probe"),
     group_name="persona_alignment",
     deps=[dg.AssetDep(persona_adapters, partition_mapping=dg.AllPartitionMapping())],
     kinds={"duckdb", "mlflow"},

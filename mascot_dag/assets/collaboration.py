@@ -10,6 +10,7 @@ from mascot_dag.assets.common import (
     DUCKDB_POOL,
     TRANSIENT_RETRY,
     base_model_path,
+    cluster_tags,
     counts,
     fingerprint,
     progress,
@@ -99,7 +100,8 @@ def dialogue_metadata(dialogues, turns, directives, **extra) -> dict:
 
 # persona_roster_probe: Stage 1's gate (its blocking check stops Stage 2 when the roster did not
 # become more identifiable)
-@dg.asset(group_name="collaboration", deps=["persona_adapters", "persona_roster_probe", "contexts",
+@dg.asset(op_tags=cluster_tags("group_rollouts"),
+          group_name="collaboration", deps=["persona_adapters", "persona_roster_probe", "contexts",
                                             "persona_cards"],
           kinds={"duckdb", "pytorch"}, pool=DUCKDB_POOL, retry_policy=TRANSIENT_RETRY)
 def group_rollouts(
@@ -140,7 +142,8 @@ def judge_blocks(store: DuckDBStore, judges: list, prefix: str, block_size: int)
     return pl.DataFrame(rows, schema=BLOCK_JUDGMENT_SCHEMA)
 
 
-@dg.asset(group_name="collaboration", deps=[group_rollouts], kinds={"duckdb"},
+@dg.asset(op_tags=cluster_tags("group_judgments"),
+          group_name="collaboration", deps=[group_rollouts], kinds={"duckdb"},
           pool=DUCKDB_POOL, retry_policy=TRANSIENT_RETRY)
 def group_judgments(
     store: DuckDBStore, judges: JudgePanelResource, settings: LineageSettings
@@ -182,7 +185,8 @@ def director_training(settings: LineageSettings, max_completion_length: int, car
     return gs, lora
 
 
-@dg.asset(group_name="collaboration", deps=[group_judgments], kinds={"pytorch", "mlflow"},
+@dg.asset(op_tags=cluster_tags("director_adapter"),
+          group_name="collaboration", deps=[group_judgments], kinds={"pytorch", "mlflow"},
           retry_policy=TRANSIENT_RETRY)
 def director_adapter(
     context: dg.AssetExecutionContext,

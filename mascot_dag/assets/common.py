@@ -95,6 +95,15 @@ DUCKDB_POOL = "duckdb"
 TRANSIENT_RETRY = dg.RetryPolicy(max_retries=2, delay=5, backoff=dg.Backoff.EXPONENTIAL)
 
 
+def cluster_tags(asset: str) -> dict[str, str]:
+    """The op tags that carry an asset's cluster request (lib/cluster.py): `dagster-ray/config`
+    for dagster-ray's executor, `dagster-k8s/config` for dagster-k8s. The in-process and
+    multiprocess executors ignore them, so every profile runs the same definitions."""
+    from mascot_dag.lib.cluster import op_tags
+
+    return op_tags(asset)
+
+
 def progress(context: dg.AssetExecutionContext, name: str):
     """A trainer callback writing a progress line per step into the run's Dagster log."""
     from mascot_dag.lib.training.callbacks import ProgressLog  # imports transformers

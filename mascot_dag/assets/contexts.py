@@ -8,7 +8,13 @@ import dagster as dg
 import polars as pl
 from pydantic import Field
 
-from mascot_dag.assets.common import DUCKDB_POOL, TRANSIENT_RETRY, counts, table_metadata
+from mascot_dag.assets.common import (
+    DUCKDB_POOL,
+    TRANSIENT_RETRY,
+    cluster_tags,
+    counts,
+    table_metadata,
+)
 from mascot_dag.lib.home import Home
 from mascot_dag.lib.inbox import incoming_sources
 from mascot_dag.lib.loaders import load_empathetic_dialogues, load_qmsum
@@ -43,7 +49,8 @@ def resolve_sources(config: ContextsConfig) -> tuple[Path, Path]:
     qm = config.qmsum_path or os.environ.get("MASCOT_QMSUM_PATH") or str(DEMO_QMSUM)
     return Path(ed), Path(qm)
 
-@dg.asset(group_name="contexts", kinds={"duckdb", "python"},
+@dg.asset(op_tags=cluster_tags("contexts"),
+          group_name="contexts", kinds={"duckdb", "python"},
           pool=DUCKDB_POOL, retry_policy=TRANSIENT_RETRY)
 def contexts(
     context: dg.AssetExecutionContext,

@@ -12,7 +12,7 @@ from mascot_dag.assets.collaboration import (
     pick_contexts,
     rosters,
 )
-from mascot_dag.assets.common import DUCKDB_POOL, TRANSIENT_RETRY, table_metadata
+from mascot_dag.assets.common import DUCKDB_POOL, TRANSIENT_RETRY, cluster_tags, table_metadata
 from mascot_dag.assets.registry import DIRECTOR_MODEL, attach, attach_personas
 from mascot_dag.lib.markdown import markdown_table
 from mascot_dag.lib.rollout import build_specs
@@ -34,7 +34,8 @@ def training_params(tracking: MLflowResource, version: str) -> dict:
     return {k: params.get(k, "n/a (not logged)") for k in TRAINING_PARAMS}
 
 
-@dg.asset(group_name="collaboration", deps=[director_adapter, "contexts", "persona_adapters",
+@dg.asset(op_tags=cluster_tags("director_comparison"),
+          group_name="collaboration", deps=[director_adapter, "contexts", "persona_adapters",
                                              "persona_roster_probe"],
           kinds={"duckdb", "pytorch"}, pool=DUCKDB_POOL, retry_policy=TRANSIENT_RETRY)
 def director_comparison(

@@ -19,7 +19,7 @@ from mascot_dag.assets.collaboration import (
     rosters,
     write_dialogues,
 )
-from mascot_dag.assets.common import DUCKDB_POOL, TRANSIENT_RETRY, table_metadata
+from mascot_dag.assets.common import DUCKDB_POOL, TRANSIENT_RETRY, cluster_tags, table_metadata
 from mascot_dag.assets.registry import DIRECTOR_MODEL, attach, attach_personas, attach_policy_sft
 from mascot_dag.lib import champion as gate
 from mascot_dag.lib.frames import to_polars
@@ -56,7 +56,8 @@ def eval_specs(store: DuckDBStore, settings: LineageSettings):
 warnings.filterwarnings("ignore", message="Parameter `backfill_policy`")
 
 
-@dg.asset(group_name="evaluation", partitions_def=method_partitions,
+@dg.asset(op_tags=cluster_tags("eval_dialogues"),
+          group_name="evaluation", partitions_def=method_partitions,
           # every persona adapter (the default between two partitionings would be identity:
           # method "mascot" -> persona "mascot", which does not exist)
           deps=["director_adapter", "policy_sft", "contexts", "persona_roster_probe",
@@ -174,7 +175,8 @@ def _identifier(store: DuckDBStore):
     return PersonaIdentifier(df["text"].to_list(), df["speaker"].to_list())
 
 
-@dg.asset(group_name="evaluation", deps=[eval_dialogues], kinds={"duckdb"},
+@dg.asset(op_tags=cluster_tags("eval_scores"),
+          group_name="evaluation", deps=[eval_dialogues], kinds={"duckdb"},
           pool=DUCKDB_POOL, retry_policy=TRANSIENT_RETRY)
 def eval_scores(
     store: DuckDBStore, judges: JudgePanelResource, settings: LineageSettings
@@ -222,7 +224,8 @@ def eval_scores(
                            for r in agr.iter_rows(named=True)}))
 
 
-@dg.asset(group_name="evaluation", deps=[eval_dialogues], kinds={"duckdb"},
+@dg.asset(op_tags=cluster_tags("three_way_comparisons"),
+          group_name="evaluation", deps=[eval_dialogues], kinds={"duckdb"},
           pool=DUCKDB_POOL, retry_policy=TRANSIENT_RETRY)
 def three_way_comparisons(
     store: DuckDBStore, judges: JudgePanelResource, settings: LineageSettings
@@ -301,7 +304,8 @@ def apply_gate(tracking: MLflowResource, decision, versions: dict) -> list[str]:
     return moved
 
 
-@dg.asset(group_name="evaluation", deps=[eval_scores, three_way_comparisons, "human_ratings",
+@dg.asset(op_tags=cluster_tags("eval_report"),
+          group_name="evaluation", deps=[eval_scores, three_way_comparisons, "human_ratings",
                                            "director_comparison"],
           kinds={"mlflow", "markdown"}, retry_policy=TRANSIENT_RETRY,
           check_specs=[dg.AssetCheckSpec("champion_gate", asset="eval_report", blocking=True)])

@@ -19,6 +19,7 @@ from mascot_dag.assets.common import (
     DUCKDB_POOL,
     PERSONA_BACKFILL,
     TRANSIENT_RETRY,
+    cluster_tags,
     persona_partitions,
     persona_rows,
     quiet_backfill_policy_beta,
@@ -83,6 +84,7 @@ def policy_adapter(chat: ChatModelResource, tracking, settings: LineageSettings)
 quiet_backfill_policy_beta()
 
 @dg.asset(
+    op_tags=cluster_tags("candidate_responses"),
     group_name="feedback",
     partitions_def=persona_partitions,
     deps=["contexts", "persona_prompts", "policy_sft"],
@@ -145,6 +147,7 @@ def candidate_responses(
     )
 
 @dg.asset(
+    op_tags=cluster_tags("persona_judgments"),
     group_name="feedback",
     partitions_def=persona_partitions,
     # every persona's candidates: with cross_persona_pairs this persona judges all of them
@@ -204,6 +207,7 @@ def persona_judgments(
     )
 
 @dg.asset(
+    op_tags=cluster_tags("persona_preference_pairs"),
     group_name="feedback",
     partitions_def=persona_partitions,
     deps=[persona_judgments],

@@ -8,11 +8,12 @@ was built. No ratings is a normal state: it materialises with `ratings: 0`, neve
 import dagster as dg
 import polars as pl
 
-from mascot_dag.assets.common import table_metadata
+from mascot_dag.assets.common import cluster_tags, table_metadata
 from mascot_dag.resources.store import DuckDBStore
 
 
-@dg.asset(group_name="evaluation", deps=["three_way_comparisons"], kinds={"duckdb"})
+@dg.asset(op_tags=cluster_tags("human_ratings"),
+          group_name="evaluation", deps=["three_way_comparisons"], kinds={"duckdb"})
 def human_ratings(store: DuckDBStore) -> dg.MaterializeResult:
     """Blind three-way human ratings (`human_ratings`, `human_choices`): counts, per-method means,
     Krippendorff's alpha per criterion."""

@@ -3,7 +3,13 @@
 import dagster as dg
 import polars as pl
 
-from mascot_dag.assets.common import DUCKDB_POOL, TRANSIENT_RETRY, counts, table_metadata
+from mascot_dag.assets.common import (
+    DUCKDB_POOL,
+    TRANSIENT_RETRY,
+    cluster_tags,
+    counts,
+    table_metadata,
+)
 from mascot_dag.lib.personas import (
     PERSONA_DIR,
     PROMPT_STYLES,
@@ -15,7 +21,8 @@ from mascot_dag.lib.tables import card_from_row, personas_frame
 from mascot_dag.resources.store import DuckDBStore
 
 
-@dg.asset(group_name="personas", kinds={"duckdb", "yaml"},
+@dg.asset(op_tags=cluster_tags("persona_cards"),
+          group_name="personas", kinds={"duckdb", "yaml"},
           pool=DUCKDB_POOL, retry_policy=TRANSIENT_RETRY)
 def persona_cards(store: DuckDBStore) -> dg.MaterializeResult:
     """Every persona card of mascot_dag/personas/*.yaml, validated (errors name file and field)."""
@@ -31,7 +38,8 @@ def persona_cards(store: DuckDBStore) -> dg.MaterializeResult:
                                 by_set=counts(df, "persona_set"))
     )
 
-@dg.asset(group_name="personas", deps=[persona_cards], kinds={"duckdb"},
+@dg.asset(op_tags=cluster_tags("persona_prompts"),
+          group_name="personas", deps=[persona_cards], kinds={"duckdb"},
           pool=DUCKDB_POOL, retry_policy=TRANSIENT_RETRY)
 def persona_prompts(store: DuckDBStore) -> dg.MaterializeResult:
     """The system prompt of each persona for each prompting style (roster = its own set)."""

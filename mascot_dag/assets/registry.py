@@ -25,10 +25,27 @@ def resolve_version(tracking: MLflowResource, model_name: str, alias: str | None
 
 
 def fetch(tracking: MLflowResource, model_name: str, version: str) -> Path:
+    """The registered version's adapter folder, downloaded once per home. Steps running at the
+    same time on a cluster (two personas' adapters both need the reward model) may download the
+    same version at once: each downloads into a folder of its own and renames it into place, so
+    no step ever reads a half-written folder (the first rename wins; the others are dropped)."""
+    import os
+    import shutil
+
     dst = Home.from_env().checkpoints / "downloads" / f"{model_name}-v{version}"
     if (dst / "adapter_config.json").exists():
         return dst
-    return tracking.download_adapter(f"models:/{model_name}/{version}", dst)
+    part = dst.with_name(f"{dst.name}.part-{os.getpid()}")
+    shutil.rmtree(part, ignore_errors=True)
+    local = tracking.download_adapter(f"models:/{model_name}/{version}", part)
+    inner = local.relative_to(part)
+    try:
+        part.rename(dst)
+    except OSError:  # another step renamed its copy first (dst exists and is not empty)
+        shutil.rmtree(part, ignore_errors=True)
+        if not (dst / inner / "adapter_config.json").exists():
+            raise
+    return dst / inner
 
 
 def attach(

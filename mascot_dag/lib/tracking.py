@@ -225,3 +225,20 @@ def download_adapter(model_uri: str, dst: str | Path) -> Path:
             )
         local = nested[0].parent
     return local
+
+
+def fail_orphaned_runs(tag: str, value: str, reason: str) -> list[str]:
+    """Mark FAILED every RUNNING run tagged `tag` = `value` and say why in the tag
+    `mascot.orphaned`; returns their run ids. A worker killed mid-step (SIGKILL, out of memory, a
+    node lost) never ends its MLflow run, which would stay RUNNING for ever; the orchestrator calls
+    this once the Dagster run that owned it has ended, when nothing can still be writing to it."""
+    client = _client()
+    experiments = [e.experiment_id for e in client.search_experiments()]
+    if not experiments:
+        return []
+    runs = client.search_runs(
+        experiments, filter_string=f"tags.`{tag}` = '{value}' AND attributes.status = 'RUNNING'")
+    for run in runs:
+        client.set_tag(run.info.run_id, "mascot.orphaned", reason)
+        client.set_terminated(run.info.run_id, status="FAILED")
+    return [r.info.run_id for r in runs]

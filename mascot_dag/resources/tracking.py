@@ -12,10 +12,14 @@ from pathlib import Path
 from typing import Any
 
 import dagster as dg
-from pydantic import Field
+from pydantic import Field, PrivateAttr
 
 from mascot_dag.lib import tracking
 from mascot_dag.lib.home import Home
+
+RUN_TAG = "mascot.dagster_run_id"
+STEP_TAG = "mascot.step"
+WORKER_TAG = "mascot.worker"
 
 
 class MLflowResource(dg.ConfigurableResource):
@@ -30,9 +34,20 @@ class MLflowResource(dg.ConfigurableResource):
         description="Folder for new experiments' artifacts; empty means MASCOT_HOME/mlartifacts.",
     )
 
+    # Tags on every run this resource starts: which Dagster run and step, and which worker
+    # process (host:pid), so a run a killed worker left RUNNING is found and marked FAILED
+    # (`fail_orphaned_runs`) and a failure names the worker.
+    _run_tags: dict = PrivateAttr(default_factory=dict)
+
     @property
     def uri(self) -> str:
         return self.tracking_uri or Home.from_env().mlflow_uri
+
+    @property
+    def serves_artifacts(self) -> bool:
+        """A tracking server (`mlflow server --serve-artifacts`): artifacts go through it, to
+        wherever the server stores them, never to a folder of this worker."""
+        return self.uri.startswith(("http://", "https://"))
 
     @property
     def artifacts(self) -> Path:
@@ -42,10 +57,23 @@ class MLflowResource(dg.ConfigurableResource):
         """Point MLflow here (idempotent; every method calls it, since runs may share a process)."""
         if self.uri.startswith("sqlite:///"):
             Path(self.uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
-        tracking.configure(self.uri, self.artifacts)
+        tracking.configure(self.uri, None if self.serves_artifacts else self.artifacts)
 
     def setup_for_execution(self, context: dg.InitResourceContext) -> None:
+        import os
+        import socket
+
         self.configure()
+        tags = {RUN_TAG: context.run_id or "", WORKER_TAG: f"{socket.gethostname()}:{os.getpid()}"}
+        # dagster-ray's executor names the step in the Ray job's environment
+        if step := os.environ.get("DAGSTER_RUN_STEP_KEY"):
+            tags[STEP_TAG] = step
+        self._run_tags = {k: v for k, v in tags.items() if v}
+
+    def fail_orphaned_runs(self, dagster_run_id: str, reason: str) -> list[str]:
+        """MLflow runs that the ended Dagster run `dagster_run_id` left RUNNING, marked FAILED."""
+        self.configure()
+        return tracking.fail_orphaned_runs(RUN_TAG, dagster_run_id, reason)
 
     def experiment(self, name: str) -> str:
         self.configure()
@@ -60,7 +88,8 @@ class MLflowResource(dg.ConfigurableResource):
         nested: bool = False,
     ) -> Iterator[Any]:
         self.configure()
-        with tracking.start_run(experiment, run_name, tags, nested=nested) as run:
+        with tracking.start_run(experiment, run_name, {**self._run_tags, **(tags or {})},
+                                nested=nested) as run:
             yield run
 
     def log_params(self, params: Mapping[str, Any]) -> None:
