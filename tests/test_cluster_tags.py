@@ -127,3 +127,27 @@ def test_server_adapters_are_named_by_folder_and_bad_ones_are_named(tmp_path):
     with pytest.raises(ChatBackendError, match="adapter 'p@v1'.*server running"):
         chat.add_adapter("p@v1", a)
     assert chat.adapters == {}  # nothing recorded for an adapter the server did not take
+
+
+def test_the_kubernetes_config_in_design_is_valid_for_dagster_k8s():
+    """The run launcher YAML and the code location of docs/DESIGN.md "Past one machine" are
+    what a user copies: the YAML must pass dagster-k8s's config schema and the Python must build
+    Definitions whose executor is dagster-k8s's step executor."""
+    import re
+    from pathlib import Path
+
+    import yaml
+    from dagster._config import process_config
+    from dagster_k8s.launcher import K8sRunLauncher
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "DESIGN.md").read_text()
+    section = text[text.index("**Kubernetes.**"):text.index("**Measured**")]
+    (raw_yaml,) = re.findall(r"```yaml\n(.*?)```", section, re.S)
+    (code,) = re.findall(r"```python\n(.*?)```", section, re.S)
+    launcher = yaml.safe_load(raw_yaml)["run_launcher"]
+    assert (launcher["module"], launcher["class"]) == ("dagster_k8s", "K8sRunLauncher")
+    result = process_config(K8sRunLauncher.config_type(), launcher["config"])
+    assert result.success, result.errors
+    scope: dict = {}
+    exec(compile(code, "DESIGN.md", "exec"), scope)  # noqa: S102 - our own documentation
+    assert scope["defs"].resolve_implicit_global_asset_job_def().executor_def.name == "k8s"
