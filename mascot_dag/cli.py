@@ -73,10 +73,10 @@ def demo(
         resources = resources_for()
         selected = None
         if select:
-            from mascot_dag.definitions import all_assets
+            from mascot_dag.pipeline import lineage_definitions
 
-            graph = dg.Definitions(assets=all_assets).resolve_asset_graph()
-            selected = parse_selection(graph, select)
+            selected = parse_selection(lineage_definitions(resources).resolve_asset_graph(),
+                                       select)
     except ValueError as exc:
         typer.echo(str(exc), err=True)
         raise typer.Exit(2) from None
