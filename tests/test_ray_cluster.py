@@ -28,21 +28,26 @@ import shutil
 import signal
 import sqlite3
 import subprocess
-import sys
-import tempfile
 import time
 import urllib.request
 from pathlib import Path
 
 import duckdb
 import pytest
-from conftest import free_port, stop_group, wait_healthy
 
+from mascot_dag.lib.local_cluster import (
+    BIN,
+    env_with_bin,
+    mlflow_server,
+    ray_head,
+    stop_group,
+    vllm_server,
+    wait_healthy,
+)
 from mascot_dag.lib.models import EMBEDDED_MODEL
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
-BIN = Path(sys.executable).parent
 UPSTREAM = ["contexts", "persona_cards", "persona_prompts", "policy_sft", "candidate_responses",
             "persona_judgments"]
 PAIR = ("anchor", "beacon")
@@ -51,86 +56,6 @@ RAY_SELECTION = [f"persona_preference_pairs:{','.join(PAIR)}", "persona_reward_m
 SELECTED_ASSETS = {"persona_preference_pairs", "persona_reward_model", "persona_adapters"}
 MODELS = {"mascot-policy-sft", "mascot-persona-reward", "mascot-persona-anchor",
           "mascot-persona-beacon"}
-
-
-def _env(extra: dict | None = None) -> dict:
-    # the virtualenv's bin first: Ray's job supervisor runs `dagster api execute_step` from PATH
-    return {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
-            "HF_HUB_OFFLINE": "1", **(extra or {})}
-
-
-def _start(cmd: list, log: Path, env: dict | None = None) -> subprocess.Popen:
-    with open(log, "wb") as out:
-        return subprocess.Popen([str(c) for c in cmd], stdout=out, stderr=subprocess.STDOUT,
-                                env=_env(env), start_new_session=True)
-
-
-@contextlib.contextmanager
-def ray_head(log_dir: Path):
-    """`ray start --head --block` (so this test owns the pid and its process group), two
-    logical GPUs so that two GPU-tagged steps schedule at once; yields the jobs API address."""
-    temp = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # short: Ray's socket paths are limited
-    dash = free_port()
-    ports = {"--port": free_port(), "--dashboard-port": dash,
-             "--ray-client-server-port": free_port(), "--node-manager-port": free_port(),
-             "--object-manager-port": free_port(), "--metrics-export-port": free_port(),
-             "--dashboard-agent-listen-port": free_port(),
-             "--dashboard-agent-grpc-port": free_port(), "--runtime-env-agent-port": free_port()}
-    cmd = [BIN / "ray", "start", "--head", "--block", "--node-ip-address=127.0.0.1",
-           "--num-cpus=2", "--num-gpus=2", "--include-dashboard=true",
-           "--dashboard-host=127.0.0.1", "--disable-usage-stats", f"--temp-dir={temp}",
-           *(f"{k}={v}" for k, v in ports.items())]
-    log = log_dir / "ray_head.log"
-    proc = _start(cmd, log)
-    address = f"http://127.0.0.1:{dash}"
-    try:
-        wait_healthy(f"{address}/api/jobs/", proc, 180, "the Ray head", log.read_text)
-        yield address
-    finally:
-        with contextlib.suppress(Exception):  # entrypoints run in sessions of their own
-            from ray.job_submission import JobStatus, JobSubmissionClient
-
-            client = JobSubmissionClient(address)
-            for job in client.list_jobs():
-                if job.status in (JobStatus.PENDING, JobStatus.RUNNING):
-                    client.stop_job(job.submission_id)
-        stop_group(proc, timeout_s=30)
-        shutil.rmtree(temp, ignore_errors=True)
-
-
-@contextlib.contextmanager
-def mlflow_server(root: Path):
-    """`mlflow server` on a sqlite database with artifact serving (artifacts under root)."""
-    port = free_port()
-    root.mkdir(parents=True, exist_ok=True)
-    cmd = [BIN / "mlflow", "server", "--host", "127.0.0.1", "--port", port, "--workers", "1",
-           "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}",
-           "--artifacts-destination", root / "artifacts"]
-    log = root / "server.log"
-    proc = _start(cmd, log)
-    try:
-        wait_healthy(f"http://127.0.0.1:{port}/health", proc, 120, "mlflow server", log.read_text)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        stop_group(proc)
-
-
-@contextlib.contextmanager
-def vllm_server(base_model_path: str, log_dir: Path):
-    """vLLM's OpenAI server on the embedded model, runtime LoRA loading on; the base model
-    answers to the name the lineage calls it (EMBEDDED_MODEL)."""
-    from mascot_dag.lib.llm.vllm_backend import server_command
-    from mascot_dag.lib.llm.vllm_server import server_env
-
-    port = free_port()
-    cmd = server_command(base_model_path, port=port, served_model_name=EMBEDDED_MODEL,
-                         max_model_len=2048)
-    log = log_dir / "vllm_server.log"
-    proc = _start(cmd, log, server_env())
-    try:
-        yield f"http://127.0.0.1:{port}", proc, log
-    finally:
-        stop_group(proc)
 
 
 def _get(url: str):
@@ -160,7 +85,7 @@ class Stack:
                "MASCOT_PROFILE": "cluster", "MASCOT_SIZES": "tiny", "MASCOT_MLFLOW_URI": mlflow,
                "MASCOT_GENERATION_URL": f"{self.generation}/v1", "MASCOT_RAY_ADDRESS": self.ray,
                "OMP_NUM_THREADS": "1"}  # two steps share 2 cores: one torch thread each
-        env = {k: v for k, v in _env(env).items() if k != "MASCOT_EXECUTOR"}
+        env = {k: v for k, v in env_with_bin(env).items() if k != "MASCOT_EXECUTOR"}
         log = self.tmp / f"demo-{home.parent.name}-{int(time.time() * 1000)}.log"
         t0 = time.monotonic()
         with open(log, "wb") as out:
@@ -179,10 +104,11 @@ class Stack:
 def stack(base_model_path, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("cluster")
     with contextlib.ExitStack() as stop:
-        # all three start at once (their start-ups overlap), then each is waited for
-        gen_url, gen_proc, gen_log = stop.enter_context(vllm_server(base_model_path, tmp))
+        # the vLLM server's ~40 s start overlaps the Ray head's
+        gen_url, gen_proc, gen_log = stop.enter_context(
+            vllm_server(base_model_path, EMBEDDED_MODEL, tmp))
         ray = stop.enter_context(ray_head(tmp))
-        wait_healthy(f"{gen_url}/health", gen_proc, 400, "vLLM's OpenAI server", gen_log.read_text)
+        wait_healthy(f"{gen_url}/health", gen_proc, 400, "vLLM's OpenAI server", gen_log)
         yield Stack(ray, gen_url, tmp)
 
 
@@ -250,8 +176,7 @@ def lineage_runs(home: Path):
     the upstream's runs (tagged by the in-process walk) left out."""
     import dagster as dg
 
-    os.environ["DAGSTER_HOME"] = str(home / "dagster")
-    with dg.DagsterInstance.get() as instance:
+    with dg.DagsterInstance.from_config(str(home / "dagster")) as instance:
         out = {}
         for run in instance.get_runs():
             events = [(e.dagster_event.event_type_value, e.dagster_event.step_key, e.timestamp,
