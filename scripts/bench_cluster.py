@@ -59,7 +59,7 @@ def main() -> None:
     models = os.environ.get("MASCOT_MODELS_DIR") or str(Path(".mascot/models").resolve())
     base = resolve_model(EMBEDDED_MODEL, models)
     env = {"MASCOT_PROFILE": "cluster", "MASCOT_SIZES": args.sizes, "MASCOT_MODELS_DIR": models,
-           "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+           "HF_HUB_OFFLINE": "1", "OMP_WAIT_POLICY": "PASSIVE"}
     walls = {}
     with contextlib.ExitStack() as stack:
         gen, gen_proc, gen_log = stack.enter_context(vllm_server(base, EMBEDDED_MODEL, out))

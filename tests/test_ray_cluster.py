@@ -83,8 +83,7 @@ class Stack:
         """`mascot demo --profile cluster --sizes tiny ARGS` against these servers."""
         env = {"MASCOT_HOME": str(home), "DAGSTER_HOME": str(home / "dagster"),
                "MASCOT_PROFILE": "cluster", "MASCOT_SIZES": "tiny", "MASCOT_MLFLOW_URI": mlflow,
-               "MASCOT_GENERATION_URL": f"{self.generation}/v1", "MASCOT_RAY_ADDRESS": self.ray,
-               "OMP_NUM_THREADS": "1"}  # two steps share 2 cores: one torch thread each
+               "MASCOT_GENERATION_URL": f"{self.generation}/v1", "MASCOT_RAY_ADDRESS": self.ray}
         env = {k: v for k, v in env_with_bin(env).items() if k != "MASCOT_EXECUTOR"}
         log = self.tmp / f"demo-{home.parent.name}-{int(time.time() * 1000)}.log"
         t0 = time.monotonic()
