@@ -10,6 +10,10 @@ together with a parent when both are unpartitioned, or share a partitions defini
 identity mapping, or (single-run backfill policy on both) the parent's whole range is in the run;
 everything else waits until every partition it maps to has succeeded. A failed run fails the
 asset partitions it held and skips what depends on them, nothing else.
+
+On a cluster (an executor other than in_process, e.g. the cluster profile's Ray executor) the same
+walk launches the runs on the code location instead, one per partition and several at once
+(`_run_launched`; docs/DESIGN.md "Past one machine").
 """
 
 from __future__ import annotations
@@ -504,21 +508,21 @@ def run_lineage(
     missing_only: bool = False,
     tags: dict[str, str] | None = None,
     selection: set[AP] | None = None,
-    executor: str | None = None,
 ) -> list[StepResult]:
     """Materialise every asset partition (or only the missing/stale ones; or only those of
     `selection`), step by step, as runs of the implicit asset job recorded in `instance`
     (DAGSTER_HOME's by default).
 
-    `executor` (default: profiles.executor_name, i.e. MASCOT_EXECUTOR or the profile's): with
-    `in_process` the runs execute here one after another (`make demo`); with any other the runs
-    are launched on the code location `mascot_dag.definitions` with its executor (`ray`: each
-    step a Ray job), one run per partition and up to MASCOT_MAX_CONCURRENT_RUNS (default 4) at
-    once. In that case `resources` serve only this process's bookkeeping (the orphan sweep):
-    the steps build theirs from the code location, i.e. from the same environment."""
+    The executor is the code location's (profiles.executor_name: MASCOT_EXECUTOR, else `ray`
+    for the cluster profile, else `in_process`). With `in_process` the runs execute here one
+    after another (`make demo`); with any other they are launched on the code location
+    `mascot_dag.definitions` with that executor (`ray`: each step a Ray job), one run per
+    partition and up to MASCOT_MAX_CONCURRENT_RUNS (default 4) at once. `resources` then serve
+    only this process's bookkeeping (the orphan sweep): the steps build theirs from the code
+    location, i.e. from the same environment."""
     from mascot_dag.profiles import executor_name
 
-    executor = executor_name(executor)
+    executor = executor_name()
     defs = lineage_definitions(resources)
     graph = defs.resolve_asset_graph()
     job = defs.resolve_implicit_global_asset_job_def()
