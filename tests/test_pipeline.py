@@ -341,3 +341,32 @@ def test_a_failed_gate_says_why_on_the_console(tmp_path):
             job = dg.Definitions(assets=[gated(severity)]).resolve_implicit_global_asset_job_def()
             result = job.execute_in_process(instance=instance, raise_on_error=False)
             assert run_errors(result) == expected
+
+
+def test_cluster_walk_hands_out_each_partition_while_others_run(graph):
+    """On a cluster the walk gives one run per partition (no single-run range) and hands out
+    every ready one while others are still running, never one twice, never a child before its
+    parent is recorded: the personas' adapters go to different workers at the same time."""
+    from mascot_dag.pipeline import parse_selection
+
+    todo = parse_selection(graph, ["persona_preference_pairs:anchor,beacon",
+                                   "persona_reward_model", "persona_adapters:anchor,beacon"])
+    walk = LineageWalk(graph, todo, per_partition=True)
+    first, second = walk.next_step(), walk.next_step()
+    assert {(s.assets, s.partition) for s in (first, second)} == {
+        ((K("persona_preference_pairs"),), "anchor"), ((K("persona_preference_pairs"),), "beacon")}
+    assert walk.next_step() is None  # the reward model waits for both, nothing handed out twice
+    walk.record(first, first.assets)
+    assert walk.next_step() is None
+    walk.record(second, second.assets)
+    rm = walk.next_step()
+    assert rm.assets == (K("persona_reward_model"),) and walk.next_step() is None
+    walk.record(rm, rm.assets)
+    adapters = [walk.next_step(), walk.next_step()]
+    assert sorted(s.partition for s in adapters) == ["anchor", "beacon"]
+    assert all(s.partition_keys == () for s in adapters)  # not one range run
+    assert walk.next_step() is None
+    with pytest.raises(ValueError, match="no partition poet.*anchor"):
+        parse_selection(graph, ["persona_adapters:poet"])
+    with pytest.raises(ValueError, match="no asset 'persona_adaptors'"):
+        parse_selection(graph, ["persona_adaptors"])
