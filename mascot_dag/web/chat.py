@@ -74,9 +74,10 @@ def load_group(
     max_new_tokens: int = 48,
     agents_per_round: int = 2,
     director_max_new_tokens: int = 48,
+    engine: str | None = None,
 ) -> ChatGroup:
     """The embedded model with the `alias` versions from MLflow (base + persona prompts where a
-    persona has none), for both rosters."""
+    persona has none), for both rosters, on `engine` (`resources.llm.local_chat`)."""
     from mascot_dag.assets.registry import (
         DIRECTOR_MODEL,
         attach,
@@ -84,12 +85,12 @@ def load_group(
         persona_model,
     )
     from mascot_dag.lib.personas import load_personas, personas_of_set
-    from mascot_dag.resources.llm import TransformersChatResource
+    from mascot_dag.resources.llm import local_chat
     from mascot_dag.resources.tracking import MLflowResource
 
     cards = load_personas()
     rosters = {s: personas_of_set(cards, s) for s in ROSTER_MODES}
-    llm, tracking = TransformersChatResource(), MLflowResource()
+    llm, tracking = local_chat(engine), MLflowResource()
     ids = [c.persona_id for cs in rosters.values() for c in cs]
     adapters, versions = attach_personas(llm, tracking, ids, alias)
     director, director_version = attach(llm, tracking, DIRECTOR_MODEL, alias)
