@@ -26,10 +26,7 @@ import contextlib
 import gc
 import json
 import os
-import signal
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -46,6 +43,7 @@ import psutil  # noqa: E402
 import requests  # noqa: E402
 
 from mascot_dag.lib.home import Home  # noqa: E402
+from mascot_dag.lib.local_cluster import free_port, start, stop_group, wait_healthy  # noqa: E402
 from mascot_dag.lib.models import EMBEDDED_MODEL, resolve_model  # noqa: E402
 from mascot_dag.lib.types import ChatRequest, SamplingParams  # noqa: E402
 
@@ -119,12 +117,6 @@ def timed(generate, reqs: list[ChatRequest]) -> tuple[int, float]:
     return sum(r.completion_tokens for r in results), time.perf_counter() - t0
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @contextlib.contextmanager
 def mascot_serve(engine: str, timeout_s: float = 300.0):
     """`mascot serve --engine ENGINE` on a free loopback port, in its own process group; yields
@@ -133,28 +125,15 @@ def mascot_serve(engine: str, timeout_s: float = 300.0):
     cmd = [str(Path(sys.executable).with_name("mascot")), "serve", "--engine", engine,
            "--host", "127.0.0.1", "--port", str(port)]  # fmt: skip
     url = f"http://127.0.0.1:{port}"
-    with tempfile.TemporaryFile("w+") as log:
+    with tempfile.TemporaryDirectory() as tmp:
+        log = Path(tmp) / "serve.log"
         t0 = time.perf_counter()
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = start(cmd, log)  # its own group: SIGTERM reaches the server and its engine
         try:
-            while True:
-                if proc.poll() is not None or time.perf_counter() - t0 > timeout_s:
-                    log.seek(0)
-                    raise RuntimeError(f"mascot serve did not start:\n{log.read()[-3000:]}")
-                with contextlib.suppress(requests.RequestException):
-                    if requests.get(f"{url}/health", timeout=2).status_code == 200:
-                        break
-                time.sleep(0.2)
+            wait_healthy(f"{url}/health", proc, timeout_s, "mascot serve", log)
             yield url, time.perf_counter() - t0
         finally:
-            # Its own group (start_new_session): SIGTERM reaches the server and its engine.
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=10)
+            stop_group(proc, timeout_s=30)
 
 
 def first_chunk_s(url: str, req: ChatRequest) -> float:

@@ -19,6 +19,9 @@ os.environ.setdefault("MASCOT_MODELS_DIR", str(REPO / ".mascot" / "models"))
 
 import pytest  # noqa: E402
 
+# the loopback-server helpers the tests share with scripts and the README's cluster steps
+from mascot_dag.lib.local_cluster import free_port, stop_group, wait_healthy  # noqa: E402,F401
+
 
 @pytest.fixture
 def home(tmp_path, monkeypatch) -> Path:
@@ -42,15 +45,6 @@ def shared_data() -> Path:
     if not SHARED_DATA.exists():
         pytest.skip(f"{SHARED_DATA} is absent (the real dataset samples live beside the repo)")
     return SHARED_DATA
-
-
-def free_port() -> int:
-    """A free TCP port on the loopback interface (servers in tests bind 127.0.0.1 only)."""
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 CHROMEDRIVER = Path("/usr/bin/chromedriver")
@@ -77,42 +71,6 @@ def browser():
         yield driver
     finally:
         driver.quit()
-
-
-def stop_group(proc, timeout_s: float = 20.0) -> None:
-    """Stop a process started with start_new_session=True by its own pid (= its group id):
-    SIGTERM, then SIGKILL after `timeout_s`. Never by name."""
-    import signal
-    import subprocess
-
-    try:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=10)
-    except ProcessLookupError:  # the group is already gone
-        pass
-
-
-def wait_healthy(url: str, proc, timeout_s: float, what: str, output=lambda: "") -> None:
-    """Poll `url` until it answers 200; fail naming `what` (and its `output()`) when `proc` exits
-    or `timeout_s` passes."""
-    import time
-    import urllib.request
-
-    deadline = time.monotonic() + timeout_s
-    while True:
-        if proc.poll() is not None or time.monotonic() > deadline:
-            pytest.fail(f"{what} did not answer {url} (exit code {proc.poll()}):\n"
-                        f"{output()[-3000:]}")
-        try:
-            with urllib.request.urlopen(url, timeout=2) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.3)
 
 
 @contextlib.contextmanager
@@ -164,3 +122,14 @@ def random_lora(base_model_path: str, folder: Path, seed: int = 0,
                      init_lora_weights=False)  # fmt: skip
     get_peft_model(base, cfg).save_pretrained(folder)
     return str(folder)
+
+
+def q(home: Path, sql: str) -> list[tuple]:
+    """Rows of `sql` on a home's DuckDB file, read-only (the tests' view of the stored data)."""
+    import duckdb
+
+    con = duckdb.connect(str(home / "mascot.duckdb"), read_only=True)
+    try:
+        return con.execute(sql).fetchall()
+    finally:
+        con.close()

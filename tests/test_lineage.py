@@ -18,8 +18,8 @@ import subprocess
 import sys
 import time
 
-import duckdb
 import pytest
+from conftest import q
 from test_ui import DAGSTER, REPO, _free_port, _graphql, _stop, _wait_ready
 
 # The fixture runs the whole lineage through the daemon (7 runs, each a process that loads the
@@ -136,14 +136,6 @@ def test_materialize_all_is_asset_runs_through_eval_report(lineage):
     checks = {c["name"]: c["executionForLatestMaterialization"] for c in lineage["checks"]}
     assert checks["champion_gate"] is not None, checks
     assert checks["champion_gate"]["status"] in ("SUCCEEDED", "FAILED"), checks
-
-
-def q(home, sql):
-    con = duckdb.connect(str(home / "mascot.duckdb"), read_only=True)
-    try:
-        return con.execute(sql).fetchall()
-    finally:
-        con.close()
 
 
 def test_stage1_tables(lineage):

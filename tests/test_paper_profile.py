@@ -13,9 +13,8 @@ import os
 import subprocess
 import sys
 
-import duckdb
 import pytest
-from conftest import free_port, stop_group, wait_healthy
+from conftest import free_port, q, stop_group, wait_healthy
 
 from mascot_dag.lib.models import EMBEDDED_MODEL
 
@@ -73,14 +72,6 @@ def paper_run(base_model_path, tmp_path_factory):
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
-
-
-def q(home, sql):
-    con = duckdb.connect(str(home / "mascot.duckdb"), read_only=True)
-    try:
-        return con.execute(sql).fetchall()
-    finally:
-        con.close()
 
 
 def test_the_paper_profile_keeps_its_resources(paper_run):

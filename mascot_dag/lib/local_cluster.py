@@ -20,13 +20,14 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 BIN = Path(sys.executable).parent
 
 
 def free_port() -> int:
+    """A free TCP port on the loopback interface (servers here bind 127.0.0.1 only)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -59,15 +60,20 @@ def stop_group(proc: subprocess.Popen, timeout_s: float = 20.0) -> None:
 
 
 def wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float, what: str,
-                 log: Path) -> None:
-    """Poll `url` until it answers 200; a RuntimeError naming `what` and its log's tail when the
-    process exits or `timeout_s` passes."""
+                 log: Path | Callable[[], str]) -> None:
+    """Poll `url` until it answers 200; a RuntimeError naming `what` and the tail of its output
+    (a log file, or a callable returning the output so far) when the process exits or
+    `timeout_s` passes."""
     deadline = time.monotonic() + timeout_s
     while True:
         if proc.poll() is not None or time.monotonic() > deadline:
-            tail = log.read_text(errors="replace")[-3000:] if log.exists() else ""
-            raise RuntimeError(f"{what} did not answer {url} (exit code {proc.poll()}, log "
-                               f"{log}):\n{tail}")
+            if callable(log):
+                where, tail = "", log()
+            else:
+                where = f", log {log}"
+                tail = log.read_text(errors="replace") if log.exists() else ""
+            raise RuntimeError(f"{what} did not answer {url} (exit code {proc.poll()}{where}):\n"
+                               f"{tail[-3000:]}")
         try:
             with urllib.request.urlopen(url, timeout=2) as r:
                 if r.status == 200:
