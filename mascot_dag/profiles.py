@@ -212,8 +212,9 @@ def judge_panel(name: str):
     when one is configured). paper: embedded + LLM judge, training on their mean (the LLM judge
     needs MASCOT_JUDGE_BASE_URL). Any profile: MASCOT_JUDGE_BASE_URL set adds the LLM judge at
     that OpenAI-compatible endpoint (MASCOT_JUDGE_MODEL, MASCOT_JUDGE_API_KEY,
-    MASCOT_JUDGE_MAX_TOKENS, MASCOT_JUDGE_STRUCTURED=0 for a server without structured outputs);
-    it evaluates beside the embedded judge without training."""
+    MASCOT_JUDGE_MAX_TOKENS, MASCOT_JUDGE_RATIONALE_CHARS, MASCOT_JUDGE_WORKERS requests in flight,
+    MASCOT_JUDGE_TIMEOUT_S per request, MASCOT_JUDGE_STRUCTURED=0 for a server without structured
+    outputs); it evaluates beside the embedded judge without training."""
     import dagster as dg
 
     from mascot_dag.resources.judge import (
@@ -231,6 +232,8 @@ def judge_panel(name: str):
                 base_url=dg.EnvVar("MASCOT_JUDGE_BASE_URL"),
                 model=os.environ.get("MASCOT_JUDGE_MODEL", "Qwen/Qwen3-8B"),
                 api_key=key,
+                workers=int(os.environ.get("MASCOT_JUDGE_WORKERS", "4")),
+                timeout_s=float(os.environ.get("MASCOT_JUDGE_TIMEOUT_S", "60")),
             ),
             max_new_tokens=int(os.environ.get("MASCOT_JUDGE_MAX_TOKENS", "400")),
             rationale_max_chars=int(os.environ.get("MASCOT_JUDGE_RATIONALE_CHARS", "160")),

@@ -25,8 +25,10 @@ JUDGE = "judge-smollm2"
 # Two vLLM engines share this machine's 2 cores. vLLM's CPU build pins an engine's OpenMP threads
 # to the cores of VLLM_CPU_OMP_THREADS_BIND ("auto": core 0, core 1 kept for its scheduler), so
 # left alone both engines computed on core 0 (measured: the run took 1,063 s, one core at 100%,
-# the other nearly idle). The judge's server gets core 1, the lineage's engine core 0.
-SERVER_CORES, ENGINE_CORES = "1", "0"
+# the other nearly idle); one core each left each engine half the machine (the judge's server
+# generated 20 tok/s). The lineage is sequential (generate, then judge), so each engine gets
+# both cores.
+SERVER_CORES = ENGINE_CORES = "0-1"
 
 
 @pytest.fixture(scope="module")
@@ -44,6 +46,8 @@ def paper_run(base_model_path, tmp_path_factory):
            # the judge's replies stay in schema with short rationales: 4 criteria x 24
            # characters instead of 160 keep each reply under ~100 tokens on a CPU
            "MASCOT_JUDGE_RATIONALE_CHARS": "24", "MASCOT_JUDGE_MAX_TOKENS": "160",
+           # all of a step's judge requests in flight at once: vLLM batches them
+           "MASCOT_JUDGE_WORKERS": "32", "MASCOT_JUDGE_TIMEOUT_S": "900",
            "VLLM_CPU_OMP_THREADS_BIND": ENGINE_CORES}  # fmt: skip
     old = {k: os.environ.get(k) for k in env}
     with open(log, "wb") as out:

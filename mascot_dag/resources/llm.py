@@ -113,6 +113,9 @@ class OpenAIChatResource(ChatModelResource):
         default=False,
         description="Send a request's adapter as the model field (vLLM's LoRA convention).",
     )
+    workers: int = Field(
+        default=4, description="Requests in flight at once (a vLLM server batches them)."
+    )
 
     def _build(self) -> Any:
         from mascot_dag.lib.llm.http_backend import OpenAIChat
@@ -123,6 +126,7 @@ class OpenAIChatResource(ChatModelResource):
             api_key=self.api_key,
             timeout_s=self.timeout_s,
             max_retries=self.max_retries,
+            workers=self.workers,
             adapter_as_model=self.adapter_as_model,
         )
 
