@@ -11,8 +11,10 @@ What runs (docs/DESIGN.md "Past one machine"; README "Scaling out" lists the sam
    personas' preference pairs (two DuckDB writers ready at the same moment), the reward model,
    and two persona adapters trained side by side on different Ray workers, whose probe generates
    through the vLLM server with the adapters just trained;
-3. the same on a second copy, with the worker that runs persona_adapters[anchor] killed after
-   its MLflow run started and before it registered a version, then `--missing-only`.
+3. in that same Ray run, the worker that runs persona_adapters[anchor] is killed after its
+   MLflow run started and before it registered a version (Dagster retries the step); then
+   `--missing-only`. One Ray run serves both tests: a second whole sub-lineage on Ray cost
+   ~350 s of the suite.
 
 The whole tiny lineage (19 assets, ~40 runs per partition) does not fit the suite's budget as
 Ray jobs on 2 cores (each step is a process that imports torch and loads its models), so the Ray
@@ -34,6 +36,7 @@ from pathlib import Path
 
 import duckdb
 import pytest
+from conftest import q
 
 from mascot_dag.lib.local_cluster import (
     BIN,
@@ -128,7 +131,7 @@ def inprocess(stack, upstream):
     """The Ray sub-lineage in-process, after the upstream, with its wall time; then the copies
     for the Ray runs (taken before, from the upstream state)."""
     home, ml, url = upstream
-    copies = {name: copy_state(home, ml, stack.tmp / name) for name in ("ray", "kill")}
+    copies = {name: copy_state(home, ml, stack.tmp / name) for name in ("ray",)}
     code, out, seconds = stack.demo(home, url, "--executor", "in_process",
                                     *(a for s in RAY_SELECTION for a in ("--select", s)))
     assert code == 0, out[-4000:]
@@ -193,6 +196,9 @@ def _message(event) -> str:
     return (event.message or "") + (f"\n{error.to_string()}" if error is not None else "")
 
 
+RUN_START = "PIPELINE_START"  # DagsterEventType.RUN_START's value: a run's start event
+
+
 def _interval(events, step):
     start = [t for typ, key, t, _ in events if typ == "STEP_START" and key == step]
     end = [t for typ, key, t, _ in events if typ in ("STEP_SUCCESS", "STEP_FAILURE")
@@ -200,32 +206,73 @@ def _interval(events, step):
     return min(start), max(end)
 
 
-def test_the_sub_lineage_on_ray_matches_the_in_process_run(stack, inprocess):
+@pytest.fixture(scope="module")
+def ray_run(stack, inprocess):
+    """The sub-lineage on Ray on a copy of the upstream state, the worker of
+    persona_adapters[anchor] SIGKILLed once its MLflow run is RUNNING (the pid from its
+    `mascot.worker` tag) and before a version exists; then `--missing-only` on the result. The
+    MLflow server stays up for the tests."""
+    from mlflow import MlflowClient
+
     home, ml = inprocess["copies"]["ray"]
     before = _get(f"{stack.generation}/metrics").decode()
     with mlflow_server(ml) as url:
-        code, out, seconds = stack.demo(home, url,
-                                        *(a for s in RAY_SELECTION for a in ("--select", s)))
-        assert code == 0, out[-4000:]
-        versions = registry(url)
-    print(f"\nwall time of the sub-lineage: in-process {inprocess['seconds']:.0f} s, "
-          f"on Ray {seconds:.0f} s (same machine, one run each)")
+        client = MlflowClient(url, registry_uri=url)
+        t0 = time.monotonic()
+        proc, log = stack.demo(home, url, *(a for s in RAY_SELECTION for a in ("--select", s)),
+                               wait=False)
+        try:
+            deadline, victim = time.monotonic() + 400, None
+            while victim is None:
+                assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+                exps = [e.experiment_id for e in client.search_experiments()]
+                for run in client.search_runs(exps, "attributes.run_name = 'persona-anchor' "
+                                                    "AND attributes.status = 'RUNNING'"):
+                    victim = run
+                time.sleep(0.3)
+            versions_at_kill = client.search_model_versions("name='mascot-persona-anchor'")
+            host, pid = victim.data.tags["mascot.worker"].rsplit(":", 1)
+            os.kill(int(pid), signal.SIGKILL)
+            proc.wait(timeout=600)
+        finally:
+            stop_group(proc)
+        seconds = time.monotonic() - t0
+        out = log.read_text()
+        after = _get(f"{stack.generation}/metrics").decode()
+        rerun_code, rerun_out, _ = stack.demo(home, url, "--missing-only",
+                                              *(a for s in RAY_SELECTION for a in ("--select", s)))
+        yield {"home": home, "mlflow": url, "code": proc.returncode, "out": out,
+               "seconds": seconds, "victim": victim, "versions_at_kill": versions_at_kill,
+               "orphan": client.get_run(victim.info.run_id), "versions": registry(url),
+               "before": before, "after": after, "rerun": (rerun_code, rerun_out)}
 
-    # every step ran as a Ray job, and each of those jobs succeeded
+
+def test_the_sub_lineage_on_ray_matches_the_in_process_run(stack, inprocess, ray_run):
+    home = ray_run["home"]
+    assert ray_run["code"] == 0, ray_run["out"][-4000:]
+    print(f"\nwall time of the sub-lineage: in-process {inprocess['seconds']:.0f} s, on Ray "
+          f"{ray_run['seconds']:.0f} s with one killed and retried step (same machine)")
+
+    # every step ran as a Ray job; each step's last job succeeded, and the only failed job is
+    # the killed worker's
     runs = {rid: r for rid, r in lineage_runs(home).items()
             if set(r["assets"]) <= SELECTED_ASSETS}  # the upstream's runs were copied too
     steps = {(rid, key) for rid, r in runs.items() for typ, key, _, _ in r["events"]
              if typ == "STEP_START"}
     jobs = ray_jobs(stack.ray, set(runs))
     assert {(j.metadata["dagster/run-id"], j.metadata["dagster/op"]) for j in jobs} == steps
-    assert {j.status.value for j in jobs} == {"SUCCEEDED"}, [(j.metadata, j.status) for j in jobs]
+    done = {(j.metadata["dagster/run-id"], j.metadata["dagster/op"]) for j in jobs
+            if j.status.value == "SUCCEEDED"}
+    assert done == steps, [(j.metadata, j.status) for j in jobs]
+    failed = [j.metadata["dagster/op"] for j in jobs if j.status.value != "SUCCEEDED"]
+    assert failed == ["persona_adapters"], [(j.metadata, j.status) for j in jobs]
     assert {key for _, key in steps} >= {"persona_preference_pairs", "persona_reward_model",
                                          "persona_adapters"}, steps
 
-    # the two personas' adapters trained at the same time, on two Ray jobs
+    # the two personas' adapters trained at the same time, on Ray jobs of their own
     train = sorted((j.start_time, j.end_time) for j in jobs
                    if j.metadata["dagster/op"] == "persona_adapters")
-    assert len(train) == 2 and train[1][0] < train[0][1], train
+    assert len(train) == 3 and train[1][0] < train[0][1], train
 
     # two DuckDB writers ready at the same moment (both runs launched before either step
     # ended) never ran at once: the `duckdb` pool let one step write at a time
@@ -233,7 +280,7 @@ def test_the_sub_lineage_on_ray_matches_the_in_process_run(stack, inprocess):
     assert len(pairs) == 2, runs
     (s1, e1), (s2, e2) = sorted(_interval(r["events"], "persona_preference_pairs")
                                 for r in pairs)  # fmt: skip
-    launched = max(min(t for typ, _, t, _ in r["events"] if typ == "RUN_START") for r in pairs)
+    launched = max(min(t for typ, _, t, _ in r["events"] if typ == RUN_START) for r in pairs)
     assert launched < e1, "the second writer was not ready while the first ran"
     assert e1 <= s2, f"two DuckDB writers overlapped: {s1}-{e1} and {s2}-{e2}"
 
@@ -247,12 +294,9 @@ def test_the_sub_lineage_on_ray_matches_the_in_process_run(stack, inprocess):
                 and str(home) in (root or "")]
         assert mine, (persona, loaded)
         assert served_name(mine[0].split("~")[0], loaded[mine[0]]) == mine[0]
-    after = _get(f"{stack.generation}/metrics").decode()
-    assert _requests(after) > _requests(before)
-    con = duckdb.connect(str(home / "mascot.duckdb"), read_only=True)
-    probe = con.execute("SELECT persona_id, count(*), count(*) FILTER (text <> '') FROM "
-                        "persona_probe WHERE arm = 'adapter' GROUP BY 1 ORDER BY 1").fetchall()
-    con.close()
+    assert _requests(ray_run["after"]) > _requests(ray_run["before"])
+    probe = q(home, "SELECT persona_id, count(*), count(*) FILTER (text <> '') FROM "
+                    "persona_probe WHERE arm = 'adapter' GROUP BY 1 ORDER BY 1")
     assert [p for p, n, ok in probe if n and ok] == sorted(PAIR), probe
 
     # the same tables, row counts and keys as the in-process run; one version per model
@@ -261,6 +305,7 @@ def test_the_sub_lineage_on_ray_matches_the_in_process_run(stack, inprocess):
     for t in ours:
         assert ours[t][0] == theirs[t][0], (t, ours[t][0], theirs[t][0])
         assert ours[t][1] == theirs[t][1], t
+    versions = ray_run["versions"]
     assert set(versions) == MODELS and all(v == ["1"] for v in versions.values()), versions
 
 
@@ -269,48 +314,26 @@ def _requests(metrics: str) -> float:
                if line.startswith("vllm:request_success_total"))
 
 
-def test_a_killed_worker_is_retried_and_the_rerun_finishes_without_duplicates(stack, inprocess):
-    from mlflow import MlflowClient
+def test_a_killed_worker_is_retried_and_the_rerun_finishes_without_duplicates(inprocess,
+                                                                                ray_run):
+    home, victim = ray_run["home"], ray_run["victim"]
+    assert not ray_run["versions_at_kill"], "killed after the version was registered"
+    assert victim.data.tags.get("mascot.step") == "persona_adapters", victim.data.tags
 
-    home, ml = inprocess["copies"]["kill"]
-    with mlflow_server(ml) as url:
-        client = MlflowClient(url, registry_uri=url)
-        proc, log = stack.demo(home, url, *(a for s in RAY_SELECTION for a in ("--select", s)),
-                               wait=False)
-        try:
-            # the worker of persona_adapters[anchor], once its MLflow run has started
-            deadline, victim = time.monotonic() + 400, None
-            while victim is None:
-                assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
-                exps = [e.experiment_id for e in client.search_experiments()]
-                for run in client.search_runs(exps, "attributes.run_name = 'persona-anchor' "
-                                                    "AND attributes.status = 'RUNNING'"):
-                    victim = run
-                time.sleep(0.3)
-            assert not client.search_model_versions("name='mascot-persona-anchor'")
-            host, pid = victim.data.tags["mascot.worker"].rsplit(":", 1)
-            assert victim.data.tags.get("mascot.step") == "persona_adapters", victim.data.tags
-            os.kill(int(pid), signal.SIGKILL)
-            proc.wait(timeout=600)
-        finally:
-            stop_group(proc)
-        first = log.read_text()
+    # the killed step was retried (Dagster's retry policy) with a message that names the step
+    # and the worker, and the MLflow run it left RUNNING is marked FAILED
+    events = [e for r in lineage_runs(home).values() for e in r["events"]]
+    retried = [m for typ, key, _, m in events
+               if typ in ("STEP_UP_FOR_RETRY", "STEP_FAILURE") and key == "persona_adapters"]
+    assert retried, ray_run["out"][-3000:]
+    assert any("persona_adapters" in m and "Worker: Ray node" in m for m in retried), retried
+    assert ray_run["orphan"].info.status == "FAILED", ray_run["orphan"].info
+    assert "mascot.orphaned" in ray_run["orphan"].data.tags
 
-        # the killed step was retried (Dagster's retry policy) with a message that names the
-        # step and the worker, and the MLflow run it left RUNNING is marked FAILED
-        events = [e for r in lineage_runs(home).values() for e in r["events"]]
-        retried = [m for typ, key, _, m in events
-                   if typ in ("STEP_UP_FOR_RETRY", "STEP_FAILURE") and key == "persona_adapters"]
-        assert retried, first[-3000:]
-        assert any("persona_adapters" in m and "Worker: Ray node" in m for m in retried), retried
-        orphan = client.get_run(victim.info.run_id)
-        assert orphan.info.status == "FAILED", orphan.info
-        assert "mascot.orphaned" in orphan.data.tags
-
-        code, out, _ = stack.demo(home, url, "--missing-only",
-                                  *(a for s in RAY_SELECTION for a in ("--select", s)))
-        assert code == 0, out[-4000:]
-        versions = registry(url)
+    # --missing-only finishes; no duplicate rows, one version per model
+    code, out = ray_run["rerun"]
+    assert code == 0, out[-4000:]
+    versions = ray_run["versions"]
     assert set(versions) == MODELS and all(v == ["1"] for v in versions.values()), versions
     ours, theirs = tables(home), tables(inprocess["home"])
     for t, (n, keys) in ours.items():
