@@ -41,10 +41,7 @@ def paper_run(base_model_path, tmp_path_factory):
     env = {"MASCOT_HOME": str(home), "DAGSTER_HOME": str(home / "dagster"),
            "MASCOT_MODEL": EMBEDDED_MODEL, "MASCOT_PROFILE": "paper",
            "MASCOT_JUDGE_BASE_URL": f"http://127.0.0.1:{port}/v1", "MASCOT_JUDGE_MODEL": JUDGE,
-           # the judge's replies stay in schema with short rationales: 4 criteria x 24
-           # characters instead of 160 keep each reply under ~100 tokens on a CPU
-           "MASCOT_JUDGE_RATIONALE_CHARS": "24", "MASCOT_JUDGE_MAX_TOKENS": "160",
-           # a judge request takes 5-15 s here: the HTTP timeout is not what is tested
+           # a structured judge reply takes seconds here: the HTTP timeout is not what is tested
            "MASCOT_JUDGE_TIMEOUT_S": "900"}  # fmt: skip
     old = {k: os.environ.get(k) for k in env}
     with open(log, "wb") as out:
@@ -53,16 +50,13 @@ def paper_run(base_model_path, tmp_path_factory):
     os.environ.update(env)
     try:
         from mascot_dag.pipeline import prepare_home, run_lineage
-        from mascot_dag.profiles import override_settings, resources_for, with_sizes
+        from mascot_dag.profiles import resources_for, with_sizes
 
         prepare_home()
         resources = resources_for("paper")
-        # tiny sizes with one training context: the LLM judge's structured replies cost
-        # ~5 s each on this CPU (~100 tokens at 20-25 tok/s per batch of 8), and Stage 1
-        # judges contexts x K x 4 personas x 4 (cross-persona): 64 replies with two contexts,
-        # 32 with one
-        resources["settings"] = override_settings(
-            with_sizes(resources["settings"], "tiny"), ["max_train_contexts=1"])
+        # the tiny sizes as they are: one training context leaves GRPO no prompt
+        # ("num_samples=0"), measured
+        resources["settings"] = with_sizes(resources["settings"], "tiny")
         resources["chat"].backend()  # the lineage's engine starts while the server starts
         wait_healthy(f"http://127.0.0.1:{port}/health", proc, 400, "vLLM's OpenAI server",
                      log.read_text)  # fmt: skip
