@@ -49,13 +49,13 @@ from mascot_dag.lib.local_cluster import (
 )
 from mascot_dag.lib.models import EMBEDDED_MODEL
 
-# Not passing yet (2026-12-07, fresh-clone CI run): in the run that kills a worker, the two
-# persona_adapters runs were created after the reward model and stayed NOT_STARTED until the
-# 400 s deadline for finding anchor's MLflow run passed, so no worker was ever killed. The same
-# sub-lineage on Ray without the kill had run its adapters side by side (132 s) an hour earlier.
-# Suspect: the victim search polls the one-worker `mlflow server` every 0.3 s while the walk
-# needs it to launch the runs. Until that is found, the module is skipped rather than left to
-# fail every CI run; issue 28 stays open.
+# Not passing yet (2026-12-07, fresh-clone CI run): in the run that kills a worker, the walk
+# created the two persona_adapters runs after the reward model; one logged PIPELINE_START and
+# nothing more, the other not even that, and neither moved for 5 min (no Ray job, no MLflow
+# call), so no worker was ever killed. The same sub-lineage on Ray had run its adapters side by
+# side (132 s) an hour earlier: a hang between runs launched at once by the walk (its threads
+# around dagster.execute_job), not the kill. Until that is found, the module is skipped rather
+# than left to fail every CI run; issue 28 stays open.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900), pytest.mark.skip(
     reason="Ray cluster test not passing yet: persona_adapters runs stay NOT_STARTED in the "
            "kill run (see the comment above; issue 28)")]
