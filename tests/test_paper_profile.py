@@ -65,11 +65,11 @@ def paper_run(base_model_path, tmp_path_factory):
         # the tiny sizes as they are: one training context leaves GRPO no prompt
         # ("num_samples=0"), measured
         resources["settings"] = with_sizes(resources["settings"], "tiny")
-        resources["chat"].backend()  # the lineage's engine starts while the server starts
+        engine = resources["chat"].backend()  # starts while the server starts
         wait_healthy(f"http://127.0.0.1:{port}/health", proc, 400, "vLLM's OpenAI server",
                      log.read_text)  # fmt: skip
         results = run_lineage(resources)
-        yield {"home": home, "resources": resources, "results": results}
+        yield {"home": home, "resources": resources, "results": results, "engine": engine}
     finally:
         from mascot_dag.resources.llm import close_shared_vllm
 
@@ -124,10 +124,10 @@ def test_vllm_generated_the_candidates_and_dialogues(paper_run):
     agents = q(home, "SELECT count(*), count(DISTINCT model_used) FROM turns "
                      "WHERE role = 'agent' AND dialogue_id LIKE 'rollout:%'")[0]  # fmt: skip
     assert agents[0] > 0 and agents[1] >= 2, agents  # the trained adapters spoke, per request
-    from mascot_dag.resources.llm import _shared_vllm
+    from mascot_dag.resources.llm import _vllm_engine
 
-    engine = _shared_vllm.cache_info()
-    assert engine.currsize == 1, engine  # one engine served every run of the lineage
+    # one engine served every run of the lineage: the one started before it, never replaced
+    assert list(_vllm_engine.values()) == [paper_run["engine"]], _vllm_engine
 
 
 if __name__ == "__main__":

@@ -181,22 +181,23 @@ class VLLMChatResource(ChatModelResource):
         return backend
 
 
-@functools.lru_cache(maxsize=1)
+_vllm_engine: dict[tuple, Any] = {}  # at most one entry: this process's engine, by its arguments
+
+
 def _shared_vllm(model: str, models_dir: str, gpu_memory_utilization: float, max_lora_rank: int,
                  max_model_len: int) -> Any:  # fmt: skip
     """One engine per process, as `_shared_transformers`: an engine start costs ~30 s on CPU and
-    most of a GPU's memory, and the lineage runs many short in-process runs."""
-    from mascot_dag.lib.llm.vllm_backend import VLLMChat
+    most of a GPU's memory, and the lineage runs many short in-process runs. Other arguments
+    close the engine first (its engine-core process would otherwise keep its memory)."""
+    key = (model, models_dir, gpu_memory_utilization, max_lora_rank, max_model_len)
+    if key not in _vllm_engine:
+        from mascot_dag.lib.llm.vllm_backend import VLLMChat
 
-    close_shared_vllm()  # an engine evicted from the cache would otherwise keep its memory
-    engine = VLLMChat(model, gpu_memory_utilization=gpu_memory_utilization,
-                      max_lora_rank=max_lora_rank, models_dir=models_dir,
-                      max_model_len=max_model_len)  # fmt: skip
-    _started_vllm.append(engine)
-    return engine
-
-
-_started_vllm: list[Any] = []  # the engine `_shared_vllm` holds, to close it
+        close_shared_vllm()
+        _vllm_engine[key] = VLLMChat(model, gpu_memory_utilization=gpu_memory_utilization,
+                                     max_lora_rank=max_lora_rank, models_dir=models_dir,
+                                     max_model_len=max_model_len)  # fmt: skip
+    return _vllm_engine[key]
 
 
 ENGINES = ("vllm", "transformers")
@@ -221,6 +222,5 @@ def local_chat(engine: str | None = None) -> ChatModelResource:
 def close_shared_vllm() -> None:
     """Stop the process's shared vLLM engine (its engine-core process holds GiBs) and forget it,
     so that a later `VLLMChatResource` starts a fresh one."""
-    while _started_vllm:
-        _started_vllm.pop().close()
-    _shared_vllm.cache_clear()
+    while _vllm_engine:
+        _vllm_engine.popitem()[1].close()
