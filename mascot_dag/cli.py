@@ -49,6 +49,12 @@ def demo(
     from mascot_dag.pipeline import interruptible, prepare_home
 
     interruptible()
+    # `kill -USR1 PID` prints every thread's stack to stderr: how a walk that stopped moving
+    # (runs launched at once on Ray) is seen without a debugger
+    import faulthandler
+    import signal
+
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
 
     if profile:
         os.environ["MASCOT_PROFILE"] = profile

@@ -294,9 +294,15 @@ def plan(graph) -> list[Step]:
 # What a re-run must redo: missing, failed or older than an upstream.
 
 
-def stale_or_missing(instance: dg.DagsterInstance, graph) -> set[AP]:
+def stale_or_missing(instance: dg.DagsterInstance, graph, within: set[AP] | None = None) -> set[AP]:
     """Asset partitions whose latest materialisation is absent, came from a failed run (e.g. a
-    blocking check failed after it), or is older than a parent's; plus all their descendants."""
+    blocking check failed after it), or is older than a parent's; plus all their descendants.
+
+    With `within` (a `--select`ion) only those asset partitions are considered, and a parent
+    outside it that was never materialised does not make a child stale: that parent will not be
+    made by this walk, so redoing the child would only make it again from the same inputs (found
+    2026-12-07: `--missing-only` on two personas retrained a reward model, and both adapters,
+    because the other two personas' preference pairs did not exist)."""
     latest: dict[AP, tuple[int, str] | None] = {}
     for key in graph.toposorted_asset_keys:
         for p in _keys(graph, key):
@@ -305,6 +311,12 @@ def stale_or_missing(instance: dg.DagsterInstance, graph) -> set[AP]:
                 limit=1).records
             latest[(key, p)] = (recs[0].storage_id, recs[0].run_id) if recs else None
     run_ok: dict[str, bool] = {}
+    considered = set(latest) if within is None else set(latest) & set(within)
+
+    def older(parent: AP, rec: tuple[int, str]) -> bool:
+        if latest[parent] is None:  # never made: stale, unless this walk will not make it
+            return parent not in considered
+        return latest[parent][0] < rec[0]
 
     def fresh(ap: AP) -> bool:
         rec = latest[ap]
@@ -313,13 +325,12 @@ def stale_or_missing(instance: dg.DagsterInstance, graph) -> set[AP]:
         if rec[1] not in run_ok:
             run = instance.get_run_by_id(rec[1])
             run_ok[rec[1]] = run is not None and run.status == dg.DagsterRunStatus.SUCCESS
-        return run_ok[rec[1]] and all(
-            latest[p] is not None and latest[p][0] < rec[0] for p in parent_partitions(graph, ap))
+        return run_ok[rec[1]] and all(older(p, rec) for p in parent_partitions(graph, ap))
 
-    redo = {ap for ap in latest if not fresh(ap)}
+    redo = {ap for ap in considered if not fresh(ap)}
     for key in graph.toposorted_asset_keys:  # parents come first: one pass closes downward
         for p in _keys(graph, key):
-            if parent_partitions(graph, (key, p)) & redo:
+            if (key, p) in considered and parent_partitions(graph, (key, p)) & redo:
                 redo.add((key, p))
     return redo
 
@@ -532,7 +543,8 @@ def run_lineage(
     instance = instance or dg.DagsterInstance.get()
     try:
         release_orphaned_runs(instance)
-        todo = stale_or_missing(instance, graph) if missing_only else set(asset_partitions(graph))
+        todo = (stale_or_missing(instance, graph, selection) if missing_only
+                else set(asset_partitions(graph)))
         if selection is not None:
             todo &= set(selection)
         walk = LineageWalk(graph, todo, per_partition=executor != "in_process")
@@ -566,52 +578,95 @@ def run_lineage(
             instance.dispose()
 
 
+def _execute_launched(instance_ref, step: Step, tags: dict[str, str],
+                      checks_by_op: dict[str, dg.AssetKey], reply) -> None:
+    """One launched run, in a process of its own (`_run_launched` spawns it): the run of the code
+    location's job for `step`, orchestrated here with its executor; sends (run id, success,
+    succeeded assets, errors) back on `reply`."""
+    import traceback
+
+    from mascot_dag.cluster import code_location_job
+    from mascot_dag.lib.quiet import quiet_libraries
+
+    quiet_libraries()  # as `mascot demo` does, before the libraries are imported
+    try:
+        with dg.DagsterInstance.from_ref(instance_ref) as instance:
+            with dg.execute_job(code_location_job(), instance=instance,
+                                asset_selection=list(step.assets), run_config=QUIET_RUN_CONFIG,
+                                tags=tags, raise_on_error=False) as result:
+                reply.send((result.run_id, result.success,
+                            _succeeded(result, step, checks_by_op), run_errors(result)))
+    except BaseException:  # e.g. the code location does not load: said, not a bare exit code
+        reply.send(("", False, set(), (f"{step.label}: {traceback.format_exc()[-2000:]}",)))
+        raise
+
+
 def _run_launched(walk: LineageWalk, resources: dict, instance: dg.DagsterInstance,
                   lineage_tag: dict[str, str], checks_by_op: dict[str, dg.AssetKey],
                   on_step: Callable[[StepResult], None] | None) -> list[StepResult]:
     """The walk with runs launched on the code location's executor, several at once: every
     step the walk hands out while fewer than MASCOT_MAX_CONCURRENT_RUNS runs are in flight
-    starts at once (the `duckdb` pool still lets one writing step run at a time, across runs)."""
-    from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+    starts at once (the `duckdb` pool still lets one writing step run at a time, across runs).
+
+    Each run is orchestrated in a spawned process of its own, never in a thread of this one:
+    Dagster reconfigures Python logging (`logging.config.dictConfig`, which takes logging's
+    module lock and then every handler's) as each run starts, while another run's event handler
+    holds its own lock and asks for the module lock: two runs started side by side in threads
+    deadlocked there (found 2026-12-07 with a thread dump: the persona_adapters runs never
+    submitted a Ray job). A process per run is also how Dagster's own run launcher runs them, and
+    its orchestrator gets SIGINT in its main thread, where Dagster stops the run's steps."""
+    import multiprocessing
+    from multiprocessing.connection import wait
 
     from dagster._core.storage.tags import PARTITION_NAME_TAG
 
-    from mascot_dag.cluster import code_location_job
-
-    recon = code_location_job()
+    spawn = multiprocessing.get_context("spawn")  # a fresh interpreter: no inherited locks
     limit = max(1, int(os.environ.get("MASCOT_MAX_CONCURRENT_RUNS", "4")))
-
-    def launch(step: Step) -> tuple[str, bool, set[dg.AssetKey], tuple[str, ...]]:
-        run_tags = dict(lineage_tag)
-        if step.partition is not None:
-            run_tags[PARTITION_NAME_TAG] = step.partition
-        with dg.execute_job(recon, instance=instance, asset_selection=list(step.assets),
-                            run_config=QUIET_RUN_CONFIG, tags=run_tags,
-                            raise_on_error=False) as result:
-            return (result.run_id, result.success, _succeeded(result, step, checks_by_op),
-                    run_errors(result))
-
+    ref = instance.get_ref()
     results: list[StepResult] = []
-    with ThreadPoolExecutor(max_workers=limit, thread_name_prefix="mascot-run") as pool:
-        flying: dict = {}
+    flying: dict = {}  # process sentinel -> (process, reply pipe, step, start)
+    try:
         while True:
             while len(flying) < limit and (step := walk.next_step()) is not None:
-                flying[pool.submit(launch, step)] = (step, time.monotonic())
+                run_tags = dict(lineage_tag)
+                if step.partition is not None:
+                    run_tags[PARTITION_NAME_TAG] = step.partition
+                receive, send = spawn.Pipe(duplex=False)
+                proc = spawn.Process(target=_execute_launched, name=f"mascot-run {step.label}",
+                                     args=(ref, step, run_tags, checks_by_op, send))
+                proc.start()
+                send.close()  # the child's end: EOF here once the child is gone
+                flying[proc.sentinel] = (proc, receive, step, time.monotonic())
             if not flying:
                 return results
-            done, _ = wait(flying, return_when=FIRST_COMPLETED)
-            for future in done:
-                step, t0 = flying.pop(future)
-                run_id, success, ok, errors = future.result()
+            for sentinel in wait(list(flying)):
+                proc, receive, step, t0 = flying.pop(sentinel)
+                proc.join()
+                try:
+                    run_id, success, ok, errors = receive.recv()
+                except EOFError:  # the orchestrating process died before it could answer
+                    run_id, success, ok = "", False, set()
+                    errors = (f"{step.label}: the process orchestrating its run exited with "
+                              f"code {proc.exitcode} before the run ended",)
+                receive.close()
                 walk.record(step, ok)
                 res = StepResult(step, run_id, success and len(ok) == len(step.assets),
                                  time.monotonic() - t0,
                                  tuple(k.to_user_string() for k in step.assets if k not in ok),
                                  errors)
                 results.append(res)
-                _sweep_orphans(resources, run_id)
+                if run_id:
+                    _sweep_orphans(resources, run_id)
                 if on_step:
                     on_step(res)
+    except KeyboardInterrupt:
+        # a terminal's Ctrl-C reached the runs' processes too; `kill PID` reached only this one
+        for proc, *_ in flying.values():
+            if proc.is_alive():
+                os.kill(proc.pid, signal.SIGINT)
+        for proc, *_ in flying.values():
+            proc.join(120)  # Dagster stops the run's steps (Ray jobs) and records the run
+        raise
 
 
 def lineage_backfill(graph, tags: dict[str, str] | None = None) -> dg.RunRequest:

@@ -370,3 +370,44 @@ def test_cluster_walk_hands_out_each_partition_while_others_run(graph):
         parse_selection(graph, ["persona_adapters:poet"])
     with pytest.raises(ValueError, match="no asset 'persona_adaptors'"):
         parse_selection(graph, ["persona_adaptors"])
+
+
+def test_missing_only_within_a_selection_ignores_parents_it_will_not_make():
+    """`--missing-only --select pairs:a,b --select model --select adapters:a,b` after a run of
+    that selection: nothing to redo, although pairs c and d (read by the model) were never made.
+    The same walk without the selection still redoes them and everything below them."""
+    from mascot_dag.pipeline import stale_or_missing
+
+    parts = dg.StaticPartitionsDefinition(["a", "b", "c", "d"])
+
+    @dg.asset(partitions_def=parts)
+    def pairs():
+        return 1
+
+    @dg.asset(deps=[pairs])
+    def model():
+        return 1
+
+    @dg.asset(partitions_def=parts, deps=[model])
+    def adapters():
+        return 1
+
+    defs = dg.Definitions(assets=[pairs, model, adapters])
+    graph = defs.resolve_asset_graph()
+    selection = {(K("pairs"), "a"), (K("pairs"), "b"), (K("model"), None),
+                 (K("adapters"), "a"), (K("adapters"), "b")}
+    with dg.DagsterInstance.ephemeral() as instance:
+        for p in ("a", "b"):
+            assert dg.materialize([pairs], instance=instance, partition_key=p).success
+        assert dg.materialize([pairs, model], instance=instance, selection=[model]).success
+        for p in ("a", "b"):
+            assert dg.materialize([model, adapters], instance=instance, partition_key=p,
+                                  selection=[adapters]).success
+        assert stale_or_missing(instance, graph, selection) == set()
+        everything = stale_or_missing(instance, graph)
+        assert everything == {(K("pairs"), "c"), (K("pairs"), "d"), (K("model"), None),
+                              *((K("adapters"), p) for p in "abcd")}
+        # pairs[a] made again: the model and the selected adapters are older than it now
+        assert dg.materialize([pairs], instance=instance, partition_key="a").success
+        assert stale_or_missing(instance, graph, selection) == {
+            (K("model"), None), (K("adapters"), "a"), (K("adapters"), "b")}

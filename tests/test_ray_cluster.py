@@ -49,16 +49,7 @@ from mascot_dag.lib.local_cluster import (
 )
 from mascot_dag.lib.models import EMBEDDED_MODEL
 
-# Not passing yet (2026-12-07, fresh-clone CI run): in the run that kills a worker, the walk
-# created the two persona_adapters runs after the reward model; one logged PIPELINE_START and
-# nothing more, the other not even that, and neither moved for 5 min (no Ray job, no MLflow
-# call), so no worker was ever killed. The same sub-lineage on Ray had run its adapters side by
-# side (132 s) an hour earlier: a hang between runs launched at once by the walk (its threads
-# around dagster.execute_job), not the kill. Until that is found, the module is skipped rather
-# than left to fail every CI run; issue 28 stays open.
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900), pytest.mark.skip(
-    reason="Ray cluster test not passing yet: persona_adapters runs stay NOT_STARTED in the "
-           "kill run (see the comment above; issue 28)")]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 UPSTREAM = ["contexts", "persona_cards", "persona_prompts", "policy_sft", "candidate_responses",
             "persona_judgments"]
@@ -233,7 +224,10 @@ def ray_run(stack, inprocess):
         try:
             deadline, victim = time.monotonic() + 400, None
             while victim is None:
-                assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+                if proc.poll() is None and time.monotonic() >= deadline:
+                    os.kill(proc.pid, signal.SIGUSR1)  # every thread's stack into the log
+                    time.sleep(2)
+                assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-8000:]
                 exps = [e.experiment_id for e in client.search_experiments()]
                 for run in client.search_runs(exps, "attributes.run_name = 'persona-anchor' "
                                                     "AND attributes.status = 'RUNNING'"):

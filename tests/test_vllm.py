@@ -9,7 +9,13 @@ import pytest
 from conftest import random_lora
 
 from mascot_dag.lib.director import directive_schema
-from mascot_dag.lib.llm.vllm_backend import VLLMChat, engine_kwargs, on_cpu
+from mascot_dag.lib.llm.vllm_backend import (
+    VLLMChat,
+    cpu_dtype,
+    cpu_flags,
+    engine_kwargs,
+    on_cpu,
+)
 from mascot_dag.lib.personas import load_personas, personas_of_set
 from mascot_dag.lib.types import ChatRequest, SamplingParams
 
@@ -44,8 +50,22 @@ def engine(base_model_path, adapters):
 def test_engine_runs_on_cpu_with_the_cpu_settings(engine, base_model_path):
     assert on_cpu()
     kw = engine_kwargs(base_model_path)
-    assert kw["dtype"] == "bfloat16" and kw["enforce_eager"] and kw["enable_lora"]
-    assert engine.llm.llm_engine.model_config.dtype.__str__() == "torch.bfloat16"
+    assert kw["dtype"] == cpu_dtype() and kw["enforce_eager"] and kw["enable_lora"]
+    assert str(engine.llm.llm_engine.model_config.dtype) == f"torch.{cpu_dtype()}"
+
+
+def test_the_cpu_dtype_follows_native_bf16(monkeypatch):
+    monkeypatch.delenv("MASCOT_VLLM_CPU_DTYPE", raising=False)
+    epyc = "processor\t: 0\nflags\t\t: fpu sse4_2 avx avx2 fma\n"  # AMD EPYC (Milan), no bf16
+    sapphire = "flags\t\t: avx2 avx512f avx512_bf16 amx_bf16 amx_tile\n"
+    graviton = "Features\t: fp asimd bf16 i8mm\n"
+    assert cpu_flags(epyc) == {"fpu", "sse4_2", "avx", "avx2", "fma"}
+    assert cpu_dtype(cpu_flags(epyc)) == "float32"
+    assert cpu_dtype(cpu_flags(sapphire)) == "bfloat16"
+    assert cpu_dtype(cpu_flags(graviton)) == "bfloat16"
+    assert cpu_flags("") == frozenset()
+    monkeypatch.setenv("MASCOT_VLLM_CPU_DTYPE", "bfloat16")  # the user's choice wins
+    assert cpu_dtype(cpu_flags(epyc)) == "bfloat16"
 
 
 def test_two_adapters_selected_per_request_in_one_batch(engine, adapters):
