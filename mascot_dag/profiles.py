@@ -64,7 +64,8 @@ def settings_for(name: str):
         # Sized to SHOW the Stage 1 effect with power within ~1 h on 2 cores: 40 train contexts
         # x K=4 x 4 personas, a reward model held out by context (10 contexts), 20 GRPO steps
         # per persona, a probe on 32 held-out contexts x 4 personas x 2 seeds = 256 paired
-        # units. No warm start: measured to lower identifiability (docs/DESIGN.md). Stage 2
+        # units. No warm start: measured to lower identifiability
+        # (docs/decisions/0041-no-warm-start.md). Stage 2
         # 45 min; the evaluation has the issue's powered design (32 contexts per mode x 6 agent
         # turns, every method on the same contexts, users and seeds), which costs ~5-7 h on 2
         # CPU cores (measured: MASCOT's 64 dialogues 42 min with the CPU shared).
@@ -72,20 +73,23 @@ def settings_for(name: str):
             max_train_contexts=40, k_candidates=4, policy_sft_steps=16, reward_steps=60,
             warm_start_steps=0, grpo_steps=20, probe_contexts=32, probe_seeds=2,
             reward_blocking=True, probe_blocking=True,
-            # group-aware Stage 1 (measured 2026-12-04, docs/DESIGN.md "Group-aware Stage 1"):
+            # group-aware Stage 1 (measured 2026-12-04,
+            # docs/experiments/2026-12-04-group-aware-stage1.md):
             # support-mode persona gate +8.9* and collective engagement +21.5* over opening-only
             # adapters, relevance -16*; the first Stage 1 above zero-shot on the gate
             # (+2.6 [+0.4, +4.9], n = 64); GRPO ~1.5x slower per step (longer prompts)
             group_history_turns=2, novelty_reward_weight=3.0,
             # the evaluation design: >= 32 held-out contexts per mode, >= 6 agent turns
             agent_turns=6, agents_per_round=2, eval_contexts=32,
-            # Stage 2 that moves the director (measured 2026-12-04, docs/DESIGN.md "Stage 2 at
-            # study size"): 4 rollouts per mode = 48 decision points, 24 GRPO steps on the
+            # Stage 2 that moves the director (measured 2026-12-04,
+            # docs/experiments/2026-12-04-stage2-at-study-size.md): 4 rollouts per mode = 48
+            # decision points, 24 GRPO steps on the
             # 4-turn block reward (lora_delta_relative 1.1e-3; speaker entropy +0.29*), ~45 min;
             # the comparison on 6 contexts per mode x 2 seeds (>= 6 contexts for a mark), ~23 min
             rollout_dialogues=4, director_steps=24, director_reward_horizon=4,
             director_compare_contexts=6,
-            # OOD condition (docs/DESIGN.md): ED "neutral" (the smallest valence group, ~15% of
+            # OOD condition (docs/decisions/0023-in-domain-vs-out-of-domain-split.md): ED
+            # "neutral" (the smallest valence group, ~15% of
             # ED) and QMSum "committee" (parliamentary committees, the register farthest from the
             # academic and product meetings) are never trained on and evaluated apart.
             ood_valences=["neutral"], ood_domains=["committee"],

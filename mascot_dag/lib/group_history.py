@@ -2,7 +2,8 @@
 
 Stage 1 trained every adapter on the first agent request of a dialogue (the opening only), with a
 reward that scores a reply against its persona and the context. In a group the adapters then say
-the same on-topic thing one after another (docs/DESIGN.md "Evaluation 3": embedding redundancy
+the same on-topic thing one after another (docs/experiments/2026-12-04-evaluation-3.md:
+embedding redundancy
 +0.10 against the un-adapted group, collective engagement -20 points). With `group_history_turns`
 > 0 a share of the GRPO prompts carries 1..N earlier agent turns, taken from the other personas'
 Stage 1 candidates for the same context (what pi_SFT says there), in exactly the request form

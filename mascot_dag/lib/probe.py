@@ -187,7 +187,8 @@ def roster_verdict(summary: pl.DataFrame, personas: Sequence[str],
 
     Why pooled: at 32 contexts a persona's CI is about +-15 points wide, so a true +10 point gain
     passes a per-persona test about half the time; which personas passed changed between identical
-    study runs (docs/DESIGN.md, "The Stage 1 gate"). A gate whose verdict is a coin toss blocks
+    study runs (docs/decisions/0046-stage1-gate-pools-the-roster.md). A gate whose verdict
+    is a coin toss blocks
     the evaluation by chance. The per-persona results stay visible (the `fidelity_effect` check,
     as a warning); a persona made significantly WORSE still blocks, since pooling must not hide
     one adapter that damages its voice. Every persona of `personas` must have probe rows."""

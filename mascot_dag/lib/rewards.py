@@ -189,7 +189,8 @@ class NoveltyReward:
 
     The persona reward model scores a reply against its persona and the context only, so adapters
     trained on it alone learn the same on-topic reply for every persona and the group echoes
-    (docs/DESIGN.md "Evaluation 3"). This reward reads the dataset column `earlier_turns` (a JSON
+    (docs/experiments/2026-12-04-evaluation-3.md). This reward reads the dataset column
+    `earlier_turns` (a JSON
     list of the other agents' turns shown in the prompt, see `lib.dialogue.group_agent_messages`)
     and is None (not applicable) where a prompt shows no earlier agent turn. An empty reply
     scores 0.0. With the optional column `shared_context` (the context text every agent sees;
@@ -245,7 +246,7 @@ class JudgeReward:
     its context (dataset column `context_text`): the AI feedback itself, not the reward model
     distilled from it.
 
-    Why (docs/DESIGN.md "Why Action Guide never gains"): on the probe's reference
+    Why (docs/experiments/2026-12-04-why-action-guide-never-gains.md): on the probe's reference
     utterances the embedded judge ranks Action Guide's own voice above the others' almost
     perfectly (AUC 0.99), while the reward model trained on its preferences over the 135M
     model's candidates ranks it BELOW them (AUC 0.26): the candidates rarely hold a concrete plan,

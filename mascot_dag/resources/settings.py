@@ -12,7 +12,7 @@ class LineageSettings(dg.ConfigurableResource):
     ~350 tokens/s, one decode step ~0.1-0.25 s for SmolLM2-135M), so these sizes are token budgets:
     4 train contexts x K=4, 24-token turns, zero-shot persona prompts, GRPO groups of 2, one
     dialogue per mode with 2 agent turns (the user replies between them), one eval context per
-    mode. docs/DESIGN.md has the
+    mode. docs/experiments/2026-12-02-demo-stage-times.md has the
     measured stage times."""
 
     seed: int = Field(default=0, description="Base seed of every sampled generation and split.")
@@ -122,7 +122,8 @@ class LineageSettings(dg.ConfigurableResource):
         description="The novelty reward does not count words of the context (what every agent "
         "sees) as repeated: naming the user's topic is not an echo, repeating what another "
         "agent added is. Measured on the study Stage 1: no relevance regained, less "
-        "engagement gain (docs/DESIGN.md \"Group-aware Stage 1\", arm C); off by default.",
+        "engagement gain (docs/experiments/2026-12-04-group-aware-stage1.md, arm C); "
+        "off by default.",
     )
     lora_r: int = Field(default=8, description="LoRA rank for every adapter.")
     lora_targets: str = Field(
@@ -156,13 +157,15 @@ class LineageSettings(dg.ConfigurableResource):
         default=1,
         description="Turns the director's GRPO reward rolls forward from a directive before the "
         "group judge scores the block: 1 = the directive's turn after N-1 old turns (cheap: "
-        "embedded/tiny), block_size = a real N-turn block (study/paper). See docs/DESIGN.md.",
+        "embedded/tiny), block_size = a real N-turn block (study/paper). See "
+        "docs/decisions/0029-director-reward-horizon.md.",
     )
     director_structured: bool = Field(
         default=True,
         description="The director answers through structured outputs (a JSON schema whose "
         "speaker is an enum of the allowed roster ids): every directive valid on the first try. "
-        "False = the prompt alone, as GRPO samples it (docs/DESIGN.md).",
+        "False = the prompt alone, as GRPO samples it "
+        "(docs/decisions/0021-structured-directives.md).",
     )
     director_learning_rate: float | None = Field(
         default=None, description="Director GRPO learning rate (None = grpo_learning_rate)."
