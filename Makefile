@@ -32,8 +32,12 @@ $(STAMP): pyproject.toml | $(BIN)/python
 demo: $(STAMP)
 	$(BIN)/mascot demo
 
+# The suite on TEST_WORKERS pytest-xdist workers, a test file per worker (module fixtures stay
+# in one process), the longest files first (tests/conftest.py SLOW_FIRST). TEST_WORKERS=0 runs
+# it in one process.
+TEST_WORKERS ?= 2
 test: $(STAMP)
-	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 dev: $(STAMP)
 	mkdir -p $(DAGSTER_HOME)
