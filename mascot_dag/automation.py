@@ -15,10 +15,9 @@ from datetime import UTC, datetime
 
 import dagster as dg
 
-from mascot_dag.assets.common import persona_partitions
-from mascot_dag.assets.evaluation import method_partitions
-from mascot_dag.lib.home import Home
-from mascot_dag.lib.inbox import process_inbox
+from mascot_dag.assets.common import method_partitions, persona_partitions
+from mascot_dag.lib.data.inbox import process_inbox
+from mascot_dag.lib.storage.home import Home
 
 stage1_job = dg.define_asset_job(
     "stage1_job",
@@ -65,9 +64,10 @@ def weekly_retrain(context: dg.SensorEvaluationContext) -> dg.SensorResult:
 def _asset_graph(context: dg.SensorEvaluationContext):
     if context.repository_def is not None:
         return context.repository_def.asset_graph
-    from mascot_dag.definitions import defs  # a sensor built outside a code location (tests)
+    from mascot_dag.pipeline import lineage_definitions  # a sensor outside a code location
+    from mascot_dag.profiles import resources_for
 
-    return defs.resolve_asset_graph()
+    return lineage_definitions(resources_for()).resolve_asset_graph()
 
 
 @dg.sensor(minimum_interval_seconds=60, asset_selection=dg.AssetSelection.all(),

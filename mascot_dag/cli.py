@@ -43,7 +43,7 @@ def demo(
         "each step a Ray job at $MASCOT_RAY_ADDRESS); or $MASCOT_EXECUTOR"),
 ) -> None:
     """Materialise the whole lineage (asset runs in the Dagster instance) and say where it is."""
-    from mascot_dag.lib.quiet import quiet_libraries
+    from mascot_dag.lib.runtime.quiet import quiet_libraries
 
     quiet_libraries()  # before transformers, datasets and mlflow are imported
     from mascot_dag.pipeline import interruptible, prepare_home
@@ -140,13 +140,13 @@ def serve(
     ),
 ) -> None:
     """Serve an OpenAI-compatible /v1/chat/completions endpoint (FastAPI + uvicorn) over vLLM's
-    async engine (or transformers), with /metrics; see mascot_dag/lib/llm/server.py."""
+    async engine (or transformers), with /metrics; see mascot_dag/lib/serving/server.py."""
     args = ["--model", model, "--host", host, "--port", str(port), "--engine", engine]
     for spec in adapter:
         args += ["--adapter", spec]
     for name in served_model_name:
         args += ["--served-model-name", name]
-    from mascot_dag.lib.llm.server import main
+    from mascot_dag.lib.serving.server import main
 
     sys.exit(main(args))
 
@@ -158,8 +158,8 @@ def query(
     limit: int = typer.Option(50, help="Rows to print."),
 ) -> None:
     """Run a named SQL query on the DuckDB file and print a table."""
-    from mascot_dag.lib import db
-    from mascot_dag.lib.home import Home
+    from mascot_dag.lib.storage import db
+    from mascot_dag.lib.storage.home import Home
 
     path = Path(db.SQL_DIR) / "queries" / f"{name}.sql"
     if not path.exists():
@@ -187,22 +187,32 @@ def query(
 def chat(
     turns: int = typer.Option(
         0, help="Stop after this many of your messages (0 = until EOF/quit)."),
-    max_new_tokens: int = typer.Option(48, help="Tokens per agent reply."),
-    agents_per_round: int = typer.Option(2, help="Agents answering each of your messages."),
+    max_new_tokens: int = typer.Option(
+        None, help="Tokens per agent reply (default: the profile's, as evaluated)."),
+    agents_per_round: int = typer.Option(
+        None, help="Agents answering each of your messages (default: the profile's)."),
     web: bool = typer.Option(False, "--web", help="Serve a chat page on 127.0.0.1 instead."),
     port: int = typer.Option(8010, help="--web: port of the chat page."),
     roster: str = typer.Option("support", help="--web: roster of a new conversation: "
                                "support | workplace (the page can switch)."),
-    director_max_new_tokens: int = typer.Option(48, help="--web: tokens per director directive."),
-    engine: str = typer.Option(None, help="vllm (default where installed, as `mascot serve`) "
-                               "or transformers (starts faster)."),
+    director_max_new_tokens: int = typer.Option(
+        None, help="--web: tokens per director directive (default: the profile's)."),
+    engine: str = typer.Option(None, help="Run the profile's model on vllm or transformers "
+                               "(default: the profile's generation resource, as evaluated)."),
+    profile: str = typer.Option(None, help="Profile whose settings and generation resource "
+                                "speak (default: MASCOT_PROFILE, else embedded)."),
 ) -> None:
-    """Talk to the companion group: the director picks who answers, with the champion adapters."""
-    from mascot_dag.resources.llm import ENGINES, local_chat
+    """Talk to the companion group: the director picks who answers, with the champion adapters,
+    requested exactly as the profile's evaluation requests them (mascot_dag.companions)."""
+    from mascot_dag.profiles import PROFILES
+    from mascot_dag.resources.llm import ENGINES
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     if engine is not None and engine not in ENGINES:
         typer.echo(f"--engine {engine!r}: expected one of {', '.join(ENGINES)}", err=True)
+        raise typer.Exit(2)
+    if profile is not None and profile not in PROFILES:
+        typer.echo(f"--profile {profile!r}: expected one of {', '.join(PROFILES)}", err=True)
         raise typer.Exit(2)
     if web:
         from mascot_dag.web.chat import load_group, serve
@@ -211,31 +221,27 @@ def chat(
             typer.echo(f"--roster {roster!r}: expected support or workplace", err=True)
             raise typer.Exit(2)
         group = load_group("champion", max_new_tokens, agents_per_round, director_max_new_tokens,
-                           engine)
+                           engine, profile)
         champions = sorted(v for v in group.labels.values() if v != "base + persona prompt")
         typer.echo(f"Champion versions: {', '.join(champions)}; {group.director_label}"
                    if champions else "No champion in MLflow yet: base model with persona prompts.")
         typer.echo(f"Chat page on http://127.0.0.1:{port}/ (Ctrl-C stops it)")
         serve(port, group, roster)
         return
-    from mascot_dag.assets.registry import DIRECTOR_MODEL, attach, attach_personas
-    from mascot_dag.lib.chat import ChatSession
-    from mascot_dag.lib.dialogue import DialogueConfig
-    from mascot_dag.lib.personas import load_personas, personas_of_set
-    from mascot_dag.resources.tracking import MLflowResource
+    from mascot_dag.companions import load_companions
+    from mascot_dag.lib.data.personas import load_personas, personas_of_set
+    from mascot_dag.lib.dialogue.chat import ChatSession
 
     roster = personas_of_set(load_personas(), "support")
-    llm, tracking = local_chat(engine), MLflowResource()
-    adapters, versions = attach_personas(llm, tracking, [c.persona_id for c in roster], "champion")
-    director, director_version = attach(llm, tracking, DIRECTOR_MODEL, "champion")
-    if versions or director_version:
-        typer.echo(f"Using champion versions: personas {versions or 'none'}, "
-                   f"director {director_version or 'base'}")
+    group = load_companions([c.persona_id for c in roster], "champion", engine, profile,
+                            max_new_tokens_agent=max_new_tokens,
+                            agents_per_round=agents_per_round)
+    if group.versions or group.director_version:
+        typer.echo(f"Using champion versions: personas {group.versions or 'none'}, "
+                   f"director {group.director_version or 'base'}")
     else:
         typer.echo("No champion in MLflow yet: base model with persona prompts (run `make demo`).")
-    config = DialogueConfig(persona_adapters=adapters, director_adapter=director,
-                            max_new_tokens_agent=max_new_tokens, agents_per_round=agents_per_round)
-    session = ChatSession(roster, llm.generate, config)
+    session = ChatSession(roster, group.chat.generate, group.config)
     typer.echo("Type a message (empty line or 'quit' to stop).")
     said = 0
     for line in sys.stdin:
@@ -252,7 +258,7 @@ def chat(
 @app.command()
 def report() -> None:
     """The latest evaluation report's path and headline numbers."""
-    from mascot_dag.lib.home import Home
+    from mascot_dag.lib.storage.home import Home
 
     latest = Home.from_env().reports / "latest.md"
     if not latest.exists():
@@ -274,7 +280,7 @@ def rate(
 ) -> None:
     """Blind human evaluation: rate three-way items (MASCOT + two methods, shuffled) in a browser;
     ratings go to the DuckDB tables human_ratings and human_choices."""
-    from mascot_dag.lib.home import Home
+    from mascot_dag.lib.storage.home import Home
     from mascot_dag.web import rate as web
 
     path = Home.from_env().duckdb
@@ -299,9 +305,9 @@ def probe(arm: str = typer.Option("adapter", help="adapter | warm_start")) -> No
     95% CIs, from the DuckDB table persona_probe (written by persona_adapters)."""
     import polars as pl
 
-    from mascot_dag.lib import db
-    from mascot_dag.lib import probe as P
-    from mascot_dag.lib.home import Home
+    from mascot_dag.lib.stage1 import probe as P
+    from mascot_dag.lib.storage import db
+    from mascot_dag.lib.storage.home import Home
 
     path = Home.from_env().duckdb
     if not path.exists():

@@ -3,7 +3,7 @@
 Why the executor and not dagster-ray's run launcher: a run launcher makes a whole RUN one Ray job
 with one resource request, so a run that judges (CPU) and then trains (GPU) would hold a GPU for
 all of it; the executor submits each STEP as its own Ray job with that asset's request (op tag
-`dagster-ray/config`, lib/cluster.py), and runs ready steps side by side. The walk
+`dagster-ray/config`, lib/runtime/cluster.py), and runs ready steps side by side. The walk
 (pipeline.run_lineage) still decides which runs exist and in which order; on this profile it
 starts one run per partition and several runs at once, so the personas of Stage 1 train on
 different workers at the same time.

@@ -4,17 +4,6 @@ from __future__ import annotations
 
 import dagster as dg
 
-from mascot_dag import assets as _assets_pkg  # noqa: F401
-from mascot_dag.assets import (
-    alignment,
-    collaboration,
-    contexts,
-    director_eval,
-    evaluation,
-    feedback,
-    human,
-    personas,
-)
 from mascot_dag.automation import (
     eval_job,
     inbox_sensor,
@@ -22,13 +11,10 @@ from mascot_dag.automation import (
     stage2_job,
     weekly_retrain,
 )
+from mascot_dag.lineage import all_assets, all_checks
 from mascot_dag.profiles import executor_for, resources_for
 
-ASSET_MODULES = [contexts, personas, feedback, alignment, collaboration, director_eval,
-                 evaluation, human]
-
-all_assets = dg.load_assets_from_modules(ASSET_MODULES)
-all_checks = dg.load_asset_checks_from_modules(ASSET_MODULES)
+__all__ = ["all_assets", "all_checks", "defs"]
 
 defs = dg.Definitions(
     assets=all_assets,

@@ -33,7 +33,7 @@ from dagster._core.storage.tags import (  # the tags the daemon puts on a range 
     ASSET_PARTITION_RANGE_START_TAG,
 )
 
-from mascot_dag.lib.home import Home
+from mascot_dag.lib.storage.home import Home
 
 AP = tuple[dg.AssetKey, str | None]  # an asset partition; None for an unpartitioned asset
 
@@ -354,7 +354,7 @@ QUIET_RUN_CONFIG = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}
 
 
 def lineage_definitions(resources: dict) -> dg.Definitions:
-    from mascot_dag.definitions import all_assets, all_checks
+    from mascot_dag.lineage import all_assets, all_checks
 
     return dg.Definitions(assets=all_assets, asset_checks=all_checks, resources=resources,
                           executor=dg.in_process_executor)
@@ -586,7 +586,7 @@ def _execute_launched(instance_ref, step: Step, tags: dict[str, str],
     import traceback
 
     from mascot_dag.cluster import code_location_job
-    from mascot_dag.lib.quiet import quiet_libraries
+    from mascot_dag.lib.runtime.quiet import quiet_libraries
 
     quiet_libraries()  # as `mascot demo` does, before the libraries are imported
     try:

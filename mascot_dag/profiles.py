@@ -46,7 +46,7 @@ def profile_name(name: str | None = None) -> str:
 
 
 def settings_for(name: str):
-    from mascot_dag.lib.champion import PERSONA_CRITERIA
+    from mascot_dag.lib.evaluation.champion import PERSONA_CRITERIA
     from mascot_dag.resources.settings import LineageSettings
 
     if name == "tiny":
@@ -93,7 +93,8 @@ def settings_for(name: str):
             # ED) and QMSum "committee" (parliamentary committees, the register farthest from the
             # academic and product meetings) are never trained on and evaluated apart.
             ood_valences=["neutral"], ood_domains=["committee"],
-            # the gate weighs the persona criteria, not all nine (lib/champion.py says why)
+            # the gate weighs the persona criteria, not all nine (lib/evaluation/champion.py says
+            # why)
             gate_criteria=list(PERSONA_CRITERIA),
         )
     if name == "paper":
@@ -196,7 +197,7 @@ def resources_for(name: str | None = None) -> dict:
         missing = [f"{k} ({what})" for k, what in CLUSTER_ENV.items() if not os.environ.get(k)]
         if missing:
             raise ValueError("profile cluster needs " + "; ".join(missing))
-        from mascot_dag.lib.models import EMBEDDED_MODEL
+        from mascot_dag.lib.llm.models import EMBEDDED_MODEL
 
         resources["tracking"] = MLflowResource(tracking_uri=os.environ["MASCOT_MLFLOW_URI"])
         resources["chat"] = VLLMServerChatResource(

@@ -1,6 +1,7 @@
 """The tiny lineage's wall time in-process vs on Ray, same machine, same profile (`cluster`).
 
-Starts on 127.0.0.1 what tests/test_ray_cluster.py starts (lib/local_cluster.py: a Ray head with
+Starts on 127.0.0.1 what tests/test_ray_cluster.py starts (lib/runtime/local_cluster.py: a Ray head
+with
 two logical GPUs, one `mlflow server` per run, vLLM's OpenAI server with runtime LoRA loading),
 then runs `mascot demo --profile cluster --sizes tiny` twice on fresh homes: once with
 `--executor in_process` (every run in the launching process, one after another) and once with the
@@ -20,7 +21,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from mascot_dag.lib.local_cluster import (
+from mascot_dag.lib.llm.models import EMBEDDED_MODEL, resolve_model
+from mascot_dag.lib.runtime.local_cluster import (
     BIN,
     env_with_bin,
     mlflow_server,
@@ -29,7 +31,6 @@ from mascot_dag.lib.local_cluster import (
     vllm_server,
     wait_healthy,
 )
-from mascot_dag.lib.models import EMBEDDED_MODEL, resolve_model
 
 
 def demo(home: Path, env: dict, *args: str) -> tuple[int, float, str]:

@@ -21,15 +21,16 @@ from collections import Counter
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from mascot_dag.lib.dialogue import DialogueConfig, DialogueState, direct_turns
-from mascot_dag.lib.home import Home
+from mascot_dag.lib.data.empathetic import load_empathetic_dialogues
+from mascot_dag.lib.data.personas import load_personas, personas_of_set
+from mascot_dag.lib.data.users import load_user_profiles
+from mascot_dag.lib.dialogue.engine import DialogueState, direct_turns
+from mascot_dag.lib.dialogue.rollout import build_specs
+from mascot_dag.lib.dialogue.spec import DialogueConfig
+from mascot_dag.lib.llm.models import EMBEDDED_MODEL
 from mascot_dag.lib.llm.transformers_backend import TransformersChat
-from mascot_dag.lib.loaders.empathetic import load_empathetic_dialogues
-from mascot_dag.lib.models import EMBEDDED_MODEL
-from mascot_dag.lib.personas import load_personas, personas_of_set
-from mascot_dag.lib.rollout import build_specs
+from mascot_dag.lib.storage.home import Home
 from mascot_dag.lib.types import ChatRequest, SamplingParams
-from mascot_dag.lib.users import load_user_profiles
 
 DEFAULT_ED = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data",
                           "empatheticdialogues", "valid.csv")

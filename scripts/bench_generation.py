@@ -42,9 +42,9 @@ os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 import psutil  # noqa: E402
 import requests  # noqa: E402
 
-from mascot_dag.lib.home import Home  # noqa: E402
-from mascot_dag.lib.local_cluster import free_port, start, stop_group, wait_healthy  # noqa: E402
-from mascot_dag.lib.models import EMBEDDED_MODEL, resolve_model  # noqa: E402
+from mascot_dag.lib.llm.models import EMBEDDED_MODEL, resolve_model  # noqa: E402
+from mascot_dag.lib.runtime.local_cluster import free_port, start, stop_group, wait_healthy  # noqa: E402
+from mascot_dag.lib.storage.home import Home  # noqa: E402
 from mascot_dag.lib.types import ChatRequest, SamplingParams  # noqa: E402
 
 PERSONAS = [

@@ -57,7 +57,7 @@ class DistinctChars:
     __name__ = "distinct_chars"
 
     def __call__(self, completions, **kwargs) -> list[float]:
-        from mascot_dag.lib.rewards import completion_text
+        from mascot_dag.lib.stage1.rewards import completion_text
 
         return [len(set(completion_text(c))) / 20 for c in completions]
 
@@ -155,9 +155,9 @@ def vllm_generation(base: str, adapter: str, n: int) -> dict:
     directive with the adapter under the director's JSON schema (structured outputs), which must
     parse and name a roster member. `adapter_changes_output` (a greedy reply with and without the
     adapter differ) is reported only: a few GRPO steps need not move a greedy reply."""
-    from mascot_dag.lib.director import directive_schema, director_messages
+    from mascot_dag.lib.data.personas import load_personas, personas_of_set
+    from mascot_dag.lib.dialogue.director import directive_schema, director_messages
     from mascot_dag.lib.llm.vllm_backend import VLLMChat
-    from mascot_dag.lib.personas import load_personas, personas_of_set
     from mascot_dag.lib.types import ChatRequest, SamplingParams
 
     out: dict = {"requests": n, "adapter": adapter}
@@ -212,8 +212,8 @@ def check(report: dict, name: str, fn) -> None:
 
 def preflight(args: argparse.Namespace, work: Path) -> dict:
     """What runs without CUDA, so that a GPU machine's minutes go to the GPU paths only."""
-    from mascot_dag.lib.home import Home
-    from mascot_dag.lib.models import EMBEDDED_MODEL, resolve_model
+    from mascot_dag.lib.llm.models import EMBEDDED_MODEL, resolve_model
+    from mascot_dag.lib.storage.home import Home
 
     report: dict = {}
 
@@ -288,9 +288,9 @@ def main(argv: list[str] | None = None) -> int:
               "On a GPU machine, from the repository root, run:", file=sys.stderr)
         print(gpu_command(argv), file=sys.stderr)
         return 1 if failed else 2
-    from mascot_dag.lib.home import Home
-    from mascot_dag.lib.models import EMBEDDED_MODEL, resolve_model
-    from mascot_dag.lib.rewards import format_reward
+    from mascot_dag.lib.llm.models import EMBEDDED_MODEL, resolve_model
+    from mascot_dag.lib.stage1.rewards import format_reward
+    from mascot_dag.lib.storage.home import Home
     from mascot_dag.lib.training.config import (
         GRPOSettings,
         LoraSettings,

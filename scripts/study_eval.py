@@ -82,9 +82,9 @@ def run(res: dict, methods: list[str], modes: list[str], n_contexts: int | None,
     added to a finished evaluation pairs with it (same contexts, users and seeds)."""
     import dagster as dg
 
-    from mascot_dag.assets.collaboration import rosters
     from mascot_dag.assets.evaluation import eval_method, eval_scores, eval_specs
-    from mascot_dag.assets.registry import DIRECTOR_MODEL, attach, attach_personas
+    from mascot_dag.assets.queries import rosters
+    from mascot_dag.registry import DIRECTOR_MODEL, attach, attach_personas
 
     s = res["settings"]
     fields = {k: getattr(s, k) for k in type(s).model_fields}
@@ -132,7 +132,7 @@ def full_report(res: dict) -> None:
 
 
 def report() -> None:
-    from mascot_dag.lib.stats import paired_cluster_bootstrap, significance_mark
+    from mascot_dag.lib.evaluation.stats import paired_cluster_bootstrap, significance_mark
     from mascot_dag.resources.store import DuckDBStore
 
     rows = DuckDBStore().frame(
@@ -162,7 +162,7 @@ def ab(against: str, method: str) -> None:
     or this one's copied before a lineage change), paired by context (lib.ab)."""
     import polars as pl
 
-    from mascot_dag.lib.ab import compare, load_scores
+    from mascot_dag.lib.evaluation.ab import compare, load_scores
     from mascot_dag.lib.markdown import markdown_table
     from mascot_dag.resources.store import DuckDBStore
 

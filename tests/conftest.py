@@ -20,8 +20,7 @@ os.environ.setdefault("MASCOT_MODELS_DIR", str(REPO / ".mascot" / "models"))
 import pytest  # noqa: E402
 
 # the loopback-server helpers the tests share with scripts and the README's cluster steps
-from mascot_dag.lib.local_cluster import free_port, stop_group, wait_healthy  # noqa: E402,F401
-
+from mascot_dag.lib.runtime.local_cluster import free_port, stop_group, wait_healthy  # noqa: E402,F401
 
 # `make test` runs the suite on pytest-xdist workers, one test file per worker at a time
 # (--dist loadfile), in collection order (--no-loadscope-reorder). These files hold the longest
@@ -50,7 +49,7 @@ def home(tmp_path, monkeypatch) -> Path:
 @pytest.fixture(scope="session")
 def base_model_path() -> str:
     """The embedded SmolLM2-135M-Instruct as a plain model folder (converted once per machine)."""
-    from mascot_dag.lib.models import EMBEDDED_MODEL, resolve_model
+    from mascot_dag.lib.llm.models import EMBEDDED_MODEL, resolve_model
 
     return resolve_model(EMBEDDED_MODEL, os.environ["MASCOT_MODELS_DIR"])
 

@@ -9,9 +9,9 @@ import numpy as np
 import polars as pl
 import pytest
 
-from mascot_dag.lib.ab import compare, load_scores, per_context
-from mascot_dag.lib.champion import PERSONA_CRITERIA
-from mascot_dag.lib.db import replace_many
+from mascot_dag.lib.evaluation.ab import compare, load_scores, per_context
+from mascot_dag.lib.evaluation.champion import PERSONA_CRITERIA
+from mascot_dag.lib.storage.db import replace_many
 
 CRITERIA = [c.split("/") for c in PERSONA_CRITERIA] + [["agent", "relevance"]]
 

@@ -1,4 +1,5 @@
-"""Per-asset cluster requests (lib/cluster.py) as the executors read them from the Definitions:
+"""Per-asset cluster requests (lib/runtime/cluster.py) as the executors read them from the
+Definitions:
 dagster-ray's `dagster-ray/config` and dagster-k8s's `dagster-k8s/config`. Every asset's
 Kubernetes Job is rendered with dagster-k8s's own `construct_dagster_k8s_job` (what its
 `k8s_job_executor` submits for a step) and its `nvidia.com/gpu` limit must equal the asset's GPU
@@ -11,7 +12,7 @@ import json
 import dagster as dg
 import pytest
 
-from mascot_dag.lib import cluster
+from mascot_dag.lib.runtime import cluster
 
 TRAINING = {"policy_sft", "persona_reward_model", "persona_adapters", "director_adapter"}
 GENERATING = {"candidate_responses", "group_rollouts", "director_comparison", "eval_dialogues"}
@@ -69,7 +70,7 @@ def test_every_assets_k8s_job_limits_the_gpus_it_requests(asset_nodes):
 
 
 def test_a_new_asset_without_a_request_is_named():
-    with pytest.raises(KeyError, match="'persona_poems'.*mascot_dag/lib/cluster.py"):
+    with pytest.raises(KeyError, match="'persona_poems'.*mascot_dag/lib/runtime/cluster.py"):
         cluster.request_for("persona_poems")
     with pytest.raises(ValueError, match="gpus=-1"):
         cluster.Request(gpus=-1)

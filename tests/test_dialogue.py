@@ -6,17 +6,11 @@ import json
 
 import pytest
 
-from mascot_dag.lib.dialogue import (
-    GENERIC_SYSTEM,
-    DialogueConfig,
-    DialogueSpec,
-    blocks,
-    clean_agent_text,
-    run_dialogues,
-)
-from mascot_dag.lib.personas import load_personas, personas_of_set
+from mascot_dag.lib.data.personas import load_personas, personas_of_set
+from mascot_dag.lib.data.users import load_user_profiles
+from mascot_dag.lib.dialogue.engine import GENERIC_SYSTEM, blocks, clean_agent_text, run_dialogues
+from mascot_dag.lib.dialogue.spec import DialogueConfig, DialogueSpec
 from mascot_dag.lib.types import Context
-from mascot_dag.lib.users import load_user_profiles
 
 CARDS = load_personas()
 SUPPORT = personas_of_set(CARDS, "support")

@@ -8,7 +8,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mascot_dag.lib.director import (
+from mascot_dag.lib.data.personas import load_personas, personas_of_set
+from mascot_dag.lib.dialogue.director import (
     HISTORY_TURNS,
     MAX_ACTION_CHARS,
     MAX_TONE_CHARS,
@@ -22,7 +23,6 @@ from mascot_dag.lib.director import (
     parse_directive,
 )
 from mascot_dag.lib.llm.structured import compile_schema
-from mascot_dag.lib.personas import load_personas, personas_of_set
 
 CARDS = load_personas()
 SUPPORT = personas_of_set(CARDS, "support")

@@ -1,5 +1,6 @@
-"""The director measured fairly: trained vs base on the same states and seeds (lib/director_eval.py)
-and the director reward that judges a real N-turn block (lib/director_reward.py)."""
+"""The director measured fairly: trained vs base on the same states and seeds
+(lib/stage2/director_eval.py)
+and the director reward that judges a real N-turn block (lib/stage2/director_reward.py)."""
 
 from __future__ import annotations
 
@@ -8,13 +9,14 @@ import math
 import re
 from types import SimpleNamespace
 
-import pandas as pd
 import polars as pl
 import pytest
 
-from mascot_dag.lib.dialogue import DialogueConfig, DialogueRecord, DialogueSpec
-from mascot_dag.lib.director import director_messages
-from mascot_dag.lib.director_eval import (
+from mascot_dag.lib.data.personas import load_personas, personas_of_set
+from mascot_dag.lib.data.users import load_user_profiles
+from mascot_dag.lib.dialogue.director import director_messages
+from mascot_dag.lib.dialogue.spec import DialogueConfig, DialogueRecord, DialogueSpec
+from mascot_dag.lib.stage2.director_eval import (
     METRICS,
     ROW_COLUMNS,
     ROW_SCHEMA,
@@ -25,10 +27,8 @@ from mascot_dag.lib.director_eval import (
     summarise,
     unit_row,
 )
-from mascot_dag.lib.director_reward import DirectorState, GroupBlockReward
-from mascot_dag.lib.personas import load_personas, personas_of_set
+from mascot_dag.lib.stage2.director_reward import DirectorState, GroupBlockReward
 from mascot_dag.lib.types import Context, Score
-from mascot_dag.lib.users import load_user_profiles
 
 CARDS = load_personas()
 SUPPORT = personas_of_set(CARDS, "support")
@@ -140,7 +140,7 @@ def test_summary_pairs_units_and_clusters_by_context():
 
 def test_director_training_settings_override_only_the_director():
     from mascot_dag.assets.collaboration import director_training
-    from mascot_dag.lib.personas import load_personas
+    from mascot_dag.lib.data.personas import load_personas
     from mascot_dag.resources.settings import LineageSettings
 
     cards = load_personas()
@@ -297,9 +297,9 @@ def test_n_turn_reward_judges_n_turns(chat, judge):
 
 
 def test_evaluation_report_has_the_director_section(tmp_path):
-    from mascot_dag.lib.report import ReportInputs, build_report
+    from mascot_dag.lib.evaluation.report import ReportInputs, build_report
 
-    data = ReportInputs(pd.DataFrame(), pd.DataFrame(), paper_results=None,
+    data = ReportInputs(pl.DataFrame(), pl.DataFrame(), paper_results=None,
                         director_comparison=_rows())
     md = build_report(data, tmp_path).markdown.read_text(encoding="utf-8")
     assert "## Director: trained vs base" in md and "| group_reward | ↑ |" in md

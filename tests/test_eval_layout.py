@@ -4,11 +4,17 @@ except in tests/test_methods.py)."""
 
 from __future__ import annotations
 
-import pandas as pd
 import polars as pl
 import pytest
 
-from mascot_dag.lib.esc import (
+from mascot_dag.lib.data.split import (
+    OOD_SPLIT,
+    assign_split,
+    assign_split_ood,
+    condition_of_split,
+    validate_ood,
+)
+from mascot_dag.lib.evaluation.esc import (
     FALLBACK_STRATEGY,
     has_majority,
     is_simple,
@@ -16,15 +22,8 @@ from mascot_dag.lib.esc import (
     parse_strategy,
     vote,
 )
-from mascot_dag.lib.report import ReportInputs, build_report
-from mascot_dag.lib.report_conditions import persona_mbti_table
-from mascot_dag.lib.split import (
-    OOD_SPLIT,
-    assign_split,
-    assign_split_ood,
-    condition_of_split,
-    validate_ood,
-)
+from mascot_dag.lib.evaluation.report import ReportInputs, build_report
+from mascot_dag.lib.evaluation.report_conditions import persona_mbti_table
 from mascot_dag.lib.types import AGENT_CRITERIA, COLLECTIVE_CRITERIA
 
 # ---- OOD split -----------------------------------------------------------------------------------
@@ -53,8 +52,8 @@ def test_ood_split_holds_out_valences_emotions_and_domains():
 
 
 def test_ood_contexts_never_reach_training_queries(tmp_path):
-    from mascot_dag.assets.collaboration import pick_contexts
-    from mascot_dag.lib.tables import contexts_frame
+    from mascot_dag.assets.queries import pick_contexts
+    from mascot_dag.lib.storage.tables import contexts_frame
     from mascot_dag.lib.types import Context
     from mascot_dag.resources.store import DuckDBStore
 
@@ -83,7 +82,7 @@ def test_ood_contexts_never_reach_training_queries(tmp_path):
 
 
 # ---- report: conditions and persona x MBTI ------------------------------------------------------
-CONTEXTS = pd.DataFrame({
+CONTEXTS = pl.DataFrame({
     "context_id": ["c0", "c1", "c2", "c3"],
     "source": ["empatheticdialogues"] * 3 + ["qmsum"],
     "domain": ["emotional_support"] * 3 + ["committee"],
@@ -104,7 +103,7 @@ def _tables():
                 scores += [dict(method=method, dialogue_id=did, level=level, judge="embedded",
                                 criterion=c, value=float(v), higher_is_better=True)
                            for c in crits]
-    return pd.DataFrame(scores), pd.DataFrame(dialogues)
+    return pl.DataFrame(scores), pl.DataFrame(dialogues)
 
 
 def _turns():
@@ -119,7 +118,7 @@ def _turns():
             out.append(dict(method=did.split(":")[1], dialogue_id=did, turn_idx=idx, speaker=spk,
                             judge="embedded", criterion=c,
                             value=v if c == "consistency" or v is None else 5.0))
-    return pd.DataFrame(out)
+    return pl.DataFrame(out)
 
 
 def test_persona_mbti_table_from_turn_scores():
@@ -154,7 +153,8 @@ def test_report_shows_conditions_and_persona_heatmap(tmp_path):
     assert "+50.0 [+50.0, +50.0] (n=2)" in text  # exact, but 2 contexts: no significance mark
     assert "| anchor | n/a | 75.0 (2) |" in text
     assert "persona_mbti_heatmap.png" in {p.name for p in res.plots}
-    off = build_report(ReportInputs(scores, dialogues, contexts=CONTEXTS.assign(split="eval"),
+    in_domain = CONTEXTS.with_columns(split=pl.lit("eval"))
+    off = build_report(ReportInputs(scores, dialogues, contexts=in_domain,
                                     paper_results=None), tmp_path / "off")
     off_text = off.markdown.read_text(encoding="utf-8")
     assert "n/a (no out-of-domain dialogues" in off_text
@@ -171,9 +171,9 @@ SITUATION = "I have a job interview tomorrow morning and I can't stop shaking."
 
 @pytest.fixture(scope="module")
 def judged():
+    from mascot_dag.lib.data.personas import load_personas, personas_of_set
     from mascot_dag.lib.judges import EmbeddedJudge
     from mascot_dag.lib.judges.base import BlockItem, ResponseItem
-    from mascot_dag.lib.personas import load_personas, personas_of_set
 
     support = personas_of_set(load_personas(), "support")
     cards = {c.persona_id: c for c in support}
@@ -212,14 +212,14 @@ def test_collective_fidelity_sees_speakers_who_sound_the_same(judged):
 
 
 def test_scoring_reports_agent_scores_per_turn(judged):
+    from mascot_dag.lib.data.personas import load_personas, personas_of_set
+    from mascot_dag.lib.evaluation.scoring import TURN_COLUMNS, score_dialogues
     from mascot_dag.lib.judges import EmbeddedJudge
-    from mascot_dag.lib.personas import load_personas, personas_of_set
-    from mascot_dag.lib.scoring import TURN_COLUMNS, score_dialogues
 
     support = personas_of_set(load_personas(), "support")
-    dialogues = pd.DataFrame([{"dialogue_id": "eval:mascot:c0", "method": "mascot",
+    dialogues = pl.DataFrame([{"dialogue_id": "eval:mascot:c0", "method": "mascot",
                                "context_id": "c0", "mode": "support", "user_profile": "INTJ"}])
-    turns = pd.DataFrame([
+    turns = pl.DataFrame([
         {"dialogue_id": "eval:mascot:c0", "turn_idx": 0, "role": "user", "speaker": "user",
          "text": SITUATION},
         {"dialogue_id": "eval:mascot:c0", "turn_idx": 1, "role": "agent", "speaker": "anchor",
@@ -230,9 +230,9 @@ def test_scoring_reports_agent_scores_per_turn(judged):
     df = score_dialogues(dialogues, turns, {"c0": SITUATION}, {c.persona_id: c for c in support},
                          {"support": support, "workplace": []}, [EmbeddedJudge()], 4,
                          turn_rows=rows)
-    ts = pd.DataFrame(rows, columns=TURN_COLUMNS)
-    assert len(ts) == 2 * len(AGENT_CRITERIA) and set(ts.speaker) == {"anchor", "catalyst"}
-    cons = ts[ts.criterion == "consistency"].value.mean()
+    ts = pl.DataFrame(rows).select(TURN_COLUMNS)
+    assert len(ts) == 2 * len(AGENT_CRITERIA) and set(ts["speaker"]) == {"anchor", "catalyst"}
+    cons = ts.filter(pl.col("criterion") == "consistency")["value"].mean()
     stored = df.filter((pl.col("level") == "agent")
                        & (pl.col("criterion") == "consistency"))["value"][0]
     assert stored == pytest.approx(cons)  # the dialogue mean is the mean of the turns
@@ -263,7 +263,7 @@ def test_contexts_asset_assigns_the_ood_split(tmp_path, monkeypatch):
     import dagster as dg
 
     from mascot_dag.assets import contexts as contexts_mod
-    from mascot_dag.lib.db import query_pl
+    from mascot_dag.lib.storage.db import query_pl
     from mascot_dag.resources.settings import LineageSettings
     from mascot_dag.resources.store import DuckDBStore
 

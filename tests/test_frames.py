@@ -1,16 +1,14 @@
-"""DuckDB <-> polars through Arrow: writes take polars (and pandas fixture) frames, one
+"""DuckDB <-> polars through Arrow: writes take polars frames, one
 transaction each; reads come back as polars; dialogue rows survive the round trip."""
 
 from __future__ import annotations
 
-import pandas as pd
 import polars as pl
 import pytest
 
-from mascot_dag.lib import db
-from mascot_dag.lib.dialogue import DialogueRecord
-from mascot_dag.lib.frames import to_polars
-from mascot_dag.lib.rollout import record_tables, records_from_frames
+from mascot_dag.lib.dialogue.rollout import record_tables, records_from_frames
+from mascot_dag.lib.dialogue.spec import DialogueRecord
+from mascot_dag.lib.storage import db
 from mascot_dag.resources.store import DuckDBStore
 
 
@@ -26,6 +24,7 @@ def test_polars_rows_are_matched_by_name_and_replaced_in_one_transaction(tmp_pat
     got = store.frame("SELECT persona_id, style, system_prompt FROM persona_prompts "
                       "ORDER BY persona_id")
     assert isinstance(got, pl.DataFrame)
+    assert not hasattr(store, "query")  # reads are polars only
     assert got.rows() == [("anchor", "zero_shot", "A"), ("beacon", "zero_shot", "B")]
     # a partition replaced; the other kept
     store.replace("persona_prompts", _prompts(("few_shot", "anchor", "A2")), "persona_id = ?",
@@ -41,20 +40,6 @@ def test_polars_rows_are_matched_by_name_and_replaced_in_one_transaction(tmp_pat
     assert store.frame("SELECT count(*) AS n FROM persona_prompts")["n"].item() == 2
     with pytest.raises(ValueError, match="has no columns"):
         store.replace("persona_prompts", _prompts(("s", "p", "t")).with_columns(extra=1))
-
-
-def test_pandas_rows_still_write(tmp_path):
-    store = DuckDBStore(path=str(tmp_path / "m.duckdb"))
-    rows = pd.DataFrame({"persona_id": ["anchor"], "style": ["few_shot"], "system_prompt": ["P"]},
-                        index=[7])  # a filtered frame's index is not a column
-    assert store.replace("persona_prompts", rows) == 1
-    back = store.frame("SELECT * FROM persona_prompts")
-    assert back["system_prompt"].to_list() == ["P"]
-    assert not hasattr(store, "query")  # reads are polars only
-    mixed = pd.DataFrame({"persona_id": ["a", "b"], "style": ["s", 3], "system_prompt": ["x", "y"]})
-    with pytest.raises(ValueError, match=r"persona_prompts: columns \['style'\]"):
-        store.replace("persona_prompts", mixed)
-    assert store.frame("SELECT count(*) AS n FROM persona_prompts")["n"].item() == 1
 
 
 def test_dialogue_rows_round_trip_through_duckdb(tmp_path):
@@ -76,18 +61,3 @@ def test_dialogue_rows_round_trip_through_duckdb(tmp_path):
                                db.query_pl(path, "SELECT * FROM directives"))
     assert [t["text"] for t in back[0].turns] == ["A", "B"]  # in turn order
     assert back[0].dialogue["user_profile"] is None and back[0].dialogue["seed"] == 5
-    # pandas frames (converted at the boundary) rebuild the same records
-    turns_pd = db.query_pl(path, "SELECT * FROM turns").to_pandas()
-    legacy = records_from_frames(db.query_pl(path, "SELECT * FROM dialogues").to_pandas(),
-                                 turns_pd, turns_pd.iloc[0:0])
-    assert [t["text"] for t in legacy[0].turns] == ["A", "B"] and legacy[0].directives == []
-
-
-def test_pandas_input_becomes_polars():
-    pdf = pd.DataFrame({"level": pd.Series([], dtype=float), "v": pd.Series([], dtype=float)})
-    pf = to_polars(pdf)
-    # a column pandas could not type (empty) compares with text instead of failing
-    assert pf.schema["level"] == pl.Null and pf.filter(pl.col("level") == "agent").is_empty()
-    assert to_polars(pf) is pf
-    with pytest.raises(TypeError, match="polars or pandas"):
-        to_polars([{"a": 1}])

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import math
 
-import pandas as pd
+import polars as pl
 import pytest
 
 from mascot_dag.assets.evaluation import (
@@ -15,7 +15,8 @@ from mascot_dag.assets.evaluation import (
     champion_exists,
     current_champion_scores,
 )
-from mascot_dag.lib.champion import (
+from mascot_dag.lib.dialogue.spec import DialogueRecord
+from mascot_dag.lib.evaluation.champion import (
     PERSONA_CRITERIA,
     Decision,
     gate_decision,
@@ -23,7 +24,6 @@ from mascot_dag.lib.champion import (
     paired_overall,
     relabel_method,
 )
-from mascot_dag.lib.dialogue import DialogueRecord
 from mascot_dag.resources.store import DuckDBStore
 from mascot_dag.resources.tracking import MLflowResource
 
@@ -32,7 +32,7 @@ from mascot_dag.resources.tracking import MLflowResource
 BASE = [2.0, 4.0, 3.0, 1.8, 3.8, 2.5, 3.5, 4.2, 1.6, 3.2, 2.2, 3.9]
 
 
-def _scores(per_method: dict[str, list[float]]) -> pd.DataFrame:
+def _scores(per_method: dict[str, list[float]]) -> pl.DataFrame:
     """eval_scores rows: one dialogue `eval:<method>:ctx<k>` per context, two criteria."""
     rows = []
     for method, values in per_method.items():
@@ -41,7 +41,7 @@ def _scores(per_method: dict[str, list[float]]) -> pd.DataFrame:
                 rows.append({"method": method, "dialogue_id": f"eval:{method}:ctx{k:02d}",
                              "level": lvl, "judge": "embedded", "criterion": c, "value": v,
                              "higher_is_better": True})
-    return pd.DataFrame(rows)
+    return pl.DataFrame(rows)
 
 
 def _shift(values: list[float], by: float, jitter: float = 0.0) -> list[float]:
@@ -106,7 +106,7 @@ def test_existing_champion_not_evaluated_fails_closed():
 
 def test_pairs_by_context_not_by_row_order():
     scores = _scores({"mascot": _shift(BASE, 0.5), "champion": BASE[:10]})
-    scores = scores.sample(frac=1.0, random_state=3)  # rows in any order
+    scores = scores.sample(fraction=1.0, shuffle=True, seed=3)  # rows in any order
     pairs = paired_overall(scores, "mascot", "champion")
     assert len(pairs) == 10  # ctx10, ctx11 have no champion dialogue
     assert pairs["diff"].to_list() == pytest.approx([12.5] * 10)
@@ -190,7 +190,7 @@ def test_leftover_champion_dialogues_of_an_old_champion_are_not_compared(tmp_pat
     scores = _scores({"mascot": _shift(BASE, 0.5), "champion": BASE})
 
     def champion_ran_with(version: str) -> None:
-        store.replace("dialogues", pd.DataFrame([{
+        store.replace("dialogues", pl.DataFrame([{
             "dialogue_id": "eval:champion:ctx00", "stage": "eval", "method": "champion",
             "context_id": "ctx00", "mode": "support", "user_profile": None, "seed": 0,
             "n_turns": 2, "models": json.dumps({"director": f"{DIRECTOR_MODEL}@v{version}"})}]))
@@ -205,7 +205,8 @@ def test_leftover_champion_dialogues_of_an_old_champion_are_not_compared(tmp_pat
 
 
 def test_eval_run_stores_the_gates_comparison_first():
-    from mascot_dag.assets.evaluation import method_partitions, run_order
+    from mascot_dag.assets.common import method_partitions
+    from mascot_dag.assets.evaluation import run_order
 
     keys = method_partitions.get_partition_keys()
     order = run_order(keys)
@@ -225,7 +226,7 @@ def test_gate_criteria_stop_a_promotion_on_relevance_alone():
                 rows.append({"method": method, "dialogue_id": f"eval:{method}:ctx{k:02d}",
                              "level": lvl, "judge": "embedded", "criterion": c, "value": value,
                              "higher_is_better": True})
-    scores = pd.DataFrame(rows)
+    scores = pl.DataFrame(rows)
     everything = gate_decision(scores, champion_exists=False)
     assert everything.promote and "over all judge criteria" in everything.reason
     persona = gate_decision(scores, champion_exists=False, criteria=PERSONA_CRITERIA)

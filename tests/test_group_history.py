@@ -7,16 +7,16 @@ import json
 import pytest
 from test_dialogue import ED, SUPPORT
 
-from mascot_dag.lib.dialogue import opening_agent_messages
-from mascot_dag.lib.group_history import (
+from mascot_dag.lib.dialogue.engine import opening_agent_messages
+from mascot_dag.lib.evaluation.metrics import lexical_overlap, redundancy_lexical
+from mascot_dag.lib.stage1.group_history import (
     earlier_column,
     earlier_turns,
     group_agent_messages,
     group_prompts,
     history_sizes,
 )
-from mascot_dag.lib.metrics import lexical_overlap, redundancy_lexical
-from mascot_dag.lib.rewards import novelty_reward
+from mascot_dag.lib.stage1.rewards import novelty_reward
 from mascot_dag.resources.settings import LineageSettings
 
 POOL = {

@@ -18,20 +18,19 @@ import urllib.request
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 import polars as pl
 import pytest
 from conftest import free_port, stop_group, wait_healthy
 
-from mascot_dag.lib import db
-from mascot_dag.lib import human as H
-from mascot_dag.lib.human_stats import (
+from mascot_dag.lib.evaluation import human as H
+from mascot_dag.lib.evaluation.human_stats import (
     alpha_ordinal,
     human_section,
     judge_human,
     method_means,
     rater_agreement,
 )
+from mascot_dag.lib.storage import db
 
 CTX = "ed:hit:7_conv:14"
 METHODS3 = ("mascot", "zero_shot", "few_shot")
@@ -42,11 +41,11 @@ CRITS = [c for _, c, _ in H.CRITERIA]
 def _write_db(path: Path) -> None:
     """One eval context, three methods' dialogues, judge scores; no comparisons (the rating page
     then applies the three_way_comparisons rule itself)."""
-    ctx = pd.DataFrame([{"context_id": CTX, "source": "empatheticdialogues",
+    ctx = pl.DataFrame([{"context_id": CTX, "source": "empatheticdialogues",
                          "domain": "emotional_support", "split": "eval",
                          "situation": "I failed my driving test again.",
                          "text": "Seeker: I failed my driving test again and I feel stupid."}])
-    personas = pd.DataFrame([{"persona_id": p, "persona_set": "support", "name": n, "role": r,
+    personas = pl.DataFrame([{"persona_id": p, "persona_set": "support", "name": n, "role": r,
                               "description": "d", "behaviours": "[]", "avoid": "[]",
                               "examples": "[]", "source_file": "support.yaml"}
                              for p, n, r in (("anchor", "The Anchor", "emotional validator"),
@@ -66,9 +65,9 @@ def _write_db(path: Path) -> None:
             scores.append({"method": m, "dialogue_id": did, "level": level, "judge": "embedded",
                            "criterion": c, "value": 1.0 + k, "higher_is_better": True})
     db.replace_many(path, [("contexts", ctx, None, None), ("personas", personas, None, None),
-                           ("dialogues", pd.DataFrame(dialogues), None, None),
-                           ("turns", pd.DataFrame(turns), None, None),
-                           ("eval_scores", pd.DataFrame(scores), None, None)])
+                           ("dialogues", pl.DataFrame(dialogues), None, None),
+                           ("turns", pl.DataFrame(turns), None, None),
+                           ("eval_scores", pl.DataFrame(scores), None, None)])
 
 
 def _item() -> H.Item:
@@ -94,7 +93,7 @@ def test_items_follow_the_three_way_rule_from_either_source(tmp_path):
     dialogues = db.query_pl(path, "SELECT * FROM dialogues")
     from_rule = H.build_items(dialogues)
     # the judge saw them in another order; the item is the same, in canonical order
-    comp = pd.DataFrame([{"comparison_id": f"{ITEM}:embedded", "context_id": CTX,
+    comp = pl.DataFrame([{"comparison_id": f"{ITEM}:embedded", "context_id": CTX,
                           "judge": "embedded", "shown_order": json.dumps(["zero_shot", "mascot",
                                                                           "few_shot"])}])
     from_table = H.build_items(dialogues, comp)
@@ -193,7 +192,7 @@ def test_krippendorff_alpha_on_known_matrices():
     assert alpha_ordinal(np.array([[1, nan], [nan, 2]])) is None  # no unit rated twice
 
 
-def _ratings(values: dict[tuple[str, str], list[int]]) -> pd.DataFrame:
+def _ratings(values: dict[tuple[str, str], list[int]]) -> pl.DataFrame:
     """(dialogue_id, criterion) -> scores of raters r0, r1, ..."""
     rows = []
     for (did, crit), scores in values.items():
@@ -201,14 +200,14 @@ def _ratings(values: dict[tuple[str, str], list[int]]) -> pd.DataFrame:
             rows.append({"item_id": "i:0", "rater": f"r{k}", "dialogue_id": did,
                          "method": did.split(":")[1], "context_id": "c", "level": H.LEVEL_OF[crit],
                          "criterion": crit, "score": s, "shown_position": 0})
-    return pd.DataFrame(rows)
+    return pl.DataFrame(rows)
 
 
 def test_judge_human_spearman_and_method_means():
     dids = [f"eval:m{k % 2}:c{k}" for k in range(4)]
     ratings = _ratings({**{(d, "consistency"): [k + 1, k + 2] for k, d in enumerate(dids)},
                         **{(d, "fidelity"): [4 - k, 4 - k] for k, d in enumerate(dids)}})
-    scores = pd.DataFrame([{"method": "m", "dialogue_id": d, "level": lv, "judge": "embedded",
+    scores = pl.DataFrame([{"method": "m", "dialogue_id": d, "level": lv, "judge": "embedded",
                             "criterion": c, "value": v, "higher_is_better": True}
                            for k, d in enumerate(dids)
                            for lv, c, v in (("agent", "consistency", [1.5, 2.0, 2.5, 4.5][k]),
@@ -221,7 +220,7 @@ def test_judge_human_spearman_and_method_means():
     assert jh["fidelity"]["spearman"] == pytest.approx(-0.8)
     assert set(jh_table["n_dialogues"]) == {4}
     # one dialogue less than 3 scored: undefined, not a number
-    assert judge_human(ratings[ratings.dialogue_id.isin(dids[:2])], scores)["spearman"] \
+    assert judge_human(ratings.filter(pl.col("dialogue_id").is_in(dids[:2])), scores)["spearman"] \
         .is_null().all()
     means = {(r["criterion"], r["method"]): r
              for r in method_means(ratings, n_boot=200).iter_rows(named=True)}
@@ -235,14 +234,14 @@ def test_judge_human_spearman_and_method_means():
     assert "2 raters, 1 items, 4 dialogues, 16 ratings" in lines
     assert "| consistency | 3.50" in lines  # m1 first: dialogues c1 (2, 3) and c3 (4, 5)
     assert "| embedded | fidelity | 4 | -0.80 |" in lines
-    assert human_section(pd.DataFrame(), None, scores)[2].startswith("n/a (no human ratings yet")
+    assert human_section(pl.DataFrame(), None, scores)[2].startswith("n/a (no human ratings yet")
 
 
 def test_report_and_asset_with_and_without_ratings(home, tmp_path):
     import dagster as dg
 
     from mascot_dag.assets.human import human_ratings
-    from mascot_dag.lib.report import ReportInputs, build_report
+    from mascot_dag.lib.evaluation.report import ReportInputs, build_report
     from mascot_dag.resources.store import DuckDBStore
 
     path = home / "mascot.duckdb"
@@ -432,11 +431,11 @@ def test_export_csv_and_parquet(server, tmp_path):
                           env=env, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and "ratings ->" in proc.stdout, proc.stderr
     n = export(path, tmp_path / "ratings.parquet")
-    for df in (pd.read_csv(out), pd.read_parquet(tmp_path / "ratings.parquet")):
+    for df in (pl.read_csv(out), pl.read_parquet(tmp_path / "ratings.parquet")):
         assert len(df) == n
-        frank = df[df.rater == "frank"]
-        assert len(frank) == 27 and frank.chosen_best.sum() == 9
-        assert set(frank.best_method) == {frank[frank.chosen_best].method.iloc[0]}
+        frank = df.filter(pl.col("rater") == "frank")
+        assert len(frank) == 27 and frank["chosen_best"].sum() == 9
+        assert set(frank["best_method"]) == {frank.filter(pl.col("chosen_best"))["method"][0]}
         assert {"method", "criterion", "score", "best_method", "shown_position"} <= set(df.columns)
     with pytest.raises(ValueError, match="use a .csv or .parquet"):
         export(path, tmp_path / "r.xlsx")

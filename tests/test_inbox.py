@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from mascot_dag.lib.inbox import (
+from mascot_dag.lib.data import DataFileError, load_empathetic_dialogues, load_qmsum
+from mascot_dag.lib.data.inbox import (
     accept,
     incoming_sources,
     process_inbox,
@@ -18,7 +19,6 @@ from mascot_dag.lib.inbox import (
     scan_inbox,
     validate_file,
 )
-from mascot_dag.lib.loaders import DataFileError, load_empathetic_dialogues, load_qmsum
 
 DATA = Path(str(resources.files("mascot_dag") / "data"))
 HEADER = "conv_id,utterance_idx,context,prompt,speaker_idx,utterance,selfeval,tags\n"

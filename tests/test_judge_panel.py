@@ -10,7 +10,6 @@ import time
 import urllib.request
 from pathlib import Path
 
-import pandas as pd
 import polars as pl
 import pytest
 from conftest import mascot_serve
@@ -61,7 +60,7 @@ def test_training_rule_selects_judges_and_rows():
         training_judge([emb], "llm")
     with pytest.raises(ValueError, match="unique"):
         training_judge([emb, EmbeddedJudge()], "mean")
-    judg = pd.DataFrame({"target_id": ["t", "t"], "judge": ["embedded", "llm"],
+    judg = pl.DataFrame({"target_id": ["t", "t"], "judge": ["embedded", "llm"],
                          "criterion": "consistency", "score": [2.0, 4.0], "status": "ok"})
     assert training_judgments(judg, "embedded")["judge"].to_list() == ["embedded"]
     assert len(training_judgments(judg, "mean")) == 2
@@ -117,9 +116,9 @@ def _prepare_store(home: Path, agent_turns: int = 2):
     """personas (the packaged cards) + one eval context with three methods' dialogues."""
     from importlib import resources
 
-    from mascot_dag.lib.loaders import load_empathetic_dialogues
-    from mascot_dag.lib.personas import load_personas
-    from mascot_dag.lib.tables import contexts_frame, personas_frame
+    from mascot_dag.lib.data import load_empathetic_dialogues
+    from mascot_dag.lib.data.personas import load_personas
+    from mascot_dag.lib.storage.tables import contexts_frame, personas_frame
     from mascot_dag.resources.store import DuckDBStore
 
     store = DuckDBStore(path=str(home / "mascot.duckdb"))
@@ -146,8 +145,8 @@ def _prepare_store(home: Path, agent_turns: int = 2):
                  ("agent", "catalyst", replies[m][1])][: 1 + agent_turns]
         turns += [{"dialogue_id": did, "turn_idx": k, "role": role, "speaker": sp, "text": t,
                    "model_used": "test"} for k, (role, sp, t) in enumerate(texts)]
-    store.replace_many([("dialogues", pd.DataFrame(dialogues), None, None),
-                        ("turns", pd.DataFrame(turns), None, None)])
+    store.replace_many([("dialogues", pl.DataFrame(dialogues), None, None),
+                        ("turns", pl.DataFrame(turns), None, None)])
     return store
 
 
@@ -212,8 +211,8 @@ def test_panel_of_embedded_and_served_llm_judge(home, served_model):
 
     # the training mean over the panel: each criterion is the mean of the judges' ok scores
     mean = MeanJudge(panel.judges())
+    from mascot_dag.lib.data.personas import load_personas, personas_of_set
     from mascot_dag.lib.judges.base import BlockItem
-    from mascot_dag.lib.personas import load_personas, personas_of_set
 
     roster = personas_of_set(load_personas(), "support")
     block = [BlockItem("I lost my job today.", roster,

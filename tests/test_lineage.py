@@ -114,8 +114,7 @@ def test_materialize_all_is_asset_runs_through_eval_report(lineage):
     runs = lineage["backfill"]["runs"]
     assert lineage["backfill"]["isAssetBackfill"]
     assert {r["jobName"] for r in runs} == {"__ASSET_JOB"}, {r["jobName"] for r in runs}
-    from mascot_dag.assets.common import persona_partitions
-    from mascot_dag.assets.evaluation import method_partitions
+    from mascot_dag.assets.common import method_partitions, persona_partitions
 
     tags = [{t["key"]: t["value"] for t in r["tags"]} for r in runs]
     parts = {t["dagster/partition"] for t in tags if "dagster/partition" in t}
@@ -170,7 +169,7 @@ def test_registry_holds_versions_linked_to_runs(lineage):
     home = lineage["home"]
     from mlflow import MlflowClient
 
-    import mascot_dag.lib.tracking as tracking
+    import mascot_dag.lib.storage.tracking as tracking
 
     tracking.configure(f"sqlite:///{home}/mlflow.db", home / "mlartifacts")
     client = MlflowClient()
@@ -207,7 +206,7 @@ def test_stage2_dialogues_have_directives_and_group_scores(lineage):
 
 def test_evaluation_covers_every_method_and_reports(lineage):
     home = lineage["home"]
-    from mascot_dag.lib.methods import METHODS
+    from mascot_dag.lib.evaluation.methods import METHODS
 
     methods = {r[0] for r in q(home, "SELECT DISTINCT method FROM eval_scores")}
     assert methods == set(METHODS)
@@ -224,7 +223,7 @@ def test_champion_alias_follows_the_gate_decision(lineage):
     from mlflow import MlflowClient
     from mlflow.exceptions import MlflowException
 
-    import mascot_dag.lib.tracking as tracking
+    import mascot_dag.lib.storage.tracking as tracking
 
     tracking.configure(f"sqlite:///{home}/mlflow.db", home / "mlartifacts")
     report = (home / "reports" / "latest.md").read_text(encoding="utf-8")

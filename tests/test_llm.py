@@ -159,8 +159,8 @@ def test_cache_second_call_generates_nothing(chat, tmp_path):
 
 @pytest.fixture(scope="module")
 def server_url(base_model_path):
-    """`python -m mascot_dag.lib.llm.server` as a subprocess on a free loopback port."""
-    cmd = [sys.executable, "-m", "mascot_dag.lib.llm.server", "--model", base_model_path,
+    """`python -m mascot_dag.lib.serving.server` as a subprocess on a free loopback port."""
+    cmd = [sys.executable, "-m", "mascot_dag.lib.serving.server", "--model", base_model_path,
            "--host", "127.0.0.1", "--port", "0", "--threads", "1",
            # the HTTP client is under test here, against the transformers engine whose texts it
            # compares with the in-process TransformersChat (test_server covers the vLLM engine)

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from mascot_dag.lib.loaders import DataFileError, load_empathetic_dialogues, load_qmsum
-from mascot_dag.lib.loaders.empathetic import HEADER, UTTERANCE_CAP
-from mascot_dag.lib.loaders.qmsum import clean_turn
-from mascot_dag.lib.split import assign_split
-from mascot_dag.lib.valence import EMOTIONS, UnknownEmotionError, valence_of
+from mascot_dag.lib.data import DataFileError, load_empathetic_dialogues, load_qmsum
+from mascot_dag.lib.data.empathetic import HEADER, UTTERANCE_CAP
+from mascot_dag.lib.data.qmsum import clean_turn
+from mascot_dag.lib.data.split import assign_split
+from mascot_dag.lib.data.valence import EMOTIONS, UnknownEmotionError, valence_of
 
 DATA = Path(__file__).resolve().parents[1] / "mascot_dag" / "data"
 HEAD = ",".join(HEADER)

@@ -6,15 +6,19 @@ import json
 
 import pytest
 
-from mascot_dag.lib.dialogue import GENERIC_SYSTEM, DialogueConfig
-from mascot_dag.lib.esc import (
+from mascot_dag.lib.data.personas import load_personas, personas_of_set, system_prompt
+from mascot_dag.lib.data.users import load_user_profiles
+from mascot_dag.lib.dialogue.engine import GENERIC_SYSTEM
+from mascot_dag.lib.dialogue.rollout import build_specs
+from mascot_dag.lib.dialogue.spec import DialogueConfig
+from mascot_dag.lib.evaluation.esc import (
     ESC_ANALYSIS_TOKENS,
     ESC_ANALYST_SYSTEM,
     ESC_PROPOSER_SYSTEM,
     ESC_VOTE_TOKENS,
     multiagent_esc,
 )
-from mascot_dag.lib.methods import (
+from mascot_dag.lib.evaluation.methods import (
     ALL_METHODS,
     ASSISTANT,
     COT_INSTRUCTION,
@@ -30,10 +34,7 @@ from mascot_dag.lib.methods import (
     run_method,
     sft_examples,
 )
-from mascot_dag.lib.personas import load_personas, personas_of_set, system_prompt
-from mascot_dag.lib.rollout import build_specs
 from mascot_dag.lib.types import Context
-from mascot_dag.lib.users import load_user_profiles
 
 CARDS = load_personas()
 ROSTERS = {
@@ -294,8 +295,8 @@ def test_multiagent_esc_batches_each_stage_across_dialogues(runs):
 
 def test_multiagent_esc_gate_answers_simple_messages_directly(base_model_path):
     """One real call path per branch: a 'thanks' gets one direct reply, a problem the pipeline."""
+    from mascot_dag.lib.evaluation.methods import ASK_SUFFIX, _transcript
     from mascot_dag.lib.llm.transformers_backend import TransformersChat
-    from mascot_dag.lib.methods import ASK_SUFFIX, _transcript
     from mascot_dag.lib.types import ChatRequest, SamplingParams
 
     def req(last: str, seed: int) -> ChatRequest:

@@ -8,7 +8,7 @@ import string
 import numpy as np
 import pytest
 
-from mascot_dag.lib.metrics import (
+from mascot_dag.lib.evaluation.metrics import (
     METRICS,
     PersonaIdentifier,
     aggregate,
@@ -183,7 +183,7 @@ def test_metric_rows_carry_registry_direction():
 
 
 def test_speaker_entropy_shows_a_concentrated_group():
-    from mascot_dag.lib.metrics import agent_speaker_entropy
+    from mascot_dag.lib.evaluation.metrics import agent_speaker_entropy
 
     round_robin = [user("hi")] + [agent(p, "words here") for p in ("a", "b", "c", "d")]
     assert agent_speaker_entropy(round_robin) == pytest.approx(2.0)

@@ -16,7 +16,7 @@ import sys
 import pytest
 from conftest import free_port, q, stop_group, wait_healthy
 
-from mascot_dag.lib.models import EMBEDDED_MODEL
+from mascot_dag.lib.llm.models import EMBEDDED_MODEL
 
 # Opt-in, not in `make test`: it passes, but takes ~35 min on 2 cores. 2026-12-07 on an AVX2-only
 # AMD EPYC, float32 engines (vllm_backend.cpu_dtype), all 4 tests passed; the runs took: Stage 1

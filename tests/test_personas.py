@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from mascot_dag.lib.personas import (
+from mascot_dag.lib.data.personas import (
     PROMPT_STYLES,
     PersonaFileError,
     load_persona_file,

@@ -10,8 +10,7 @@ from __future__ import annotations
 import dagster as dg
 import pytest
 
-from mascot_dag.assets.common import DUCKDB_POOL, SUPPORT_PERSONAS
-from mascot_dag.assets.evaluation import method_partitions
+from mascot_dag.assets.common import DUCKDB_POOL, SUPPORT_PERSONAS, method_partitions
 from mascot_dag.pipeline import (
     LineageWalk,
     asset_partitions,

@@ -5,9 +5,9 @@ from __future__ import annotations
 import polars as pl
 import pytest
 
-from mascot_dag.lib.dialogue import agent_messages, opening_agent_messages
-from mascot_dag.lib.personas import load_personas, personas_of_set
-from mascot_dag.lib.preferences import (
+from mascot_dag.lib.data.personas import load_personas, personas_of_set
+from mascot_dag.lib.dialogue.engine import agent_messages, opening_agent_messages
+from mascot_dag.lib.stage1.preferences import (
     best_per_context,
     candidate_seed,
     make_pairs,
@@ -58,11 +58,6 @@ def test_pairs_keep_every_gap_of_at_least_delta_and_orient_chosen_above_rejected
     got = sorted(pairs.select("chosen_id", "rejected_id", pl.col("margin").round(2)).rows())
     assert got == [("a", "b", 2.0), ("c", "b", 1.8)]
     assert (pairs["chosen_score"] > pairs["rejected_score"]).all()
-    # pandas input (a fixture) is converted: the same rows, as polars
-    legacy = make_pairs(cands.to_pandas(), scores.to_pandas(), delta=0.5)
-    assert isinstance(legacy, pl.DataFrame)
-    assert sorted(zip(legacy["chosen_id"], legacy["rejected_id"], strict=True)) == [
-        ("a", "b"), ("c", "b")]
     none = make_pairs(cands, scores, delta=5.0)
     assert none.is_empty() and none.columns[-1] == "margin"
     with pytest.raises(ValueError, match="delta must be > 0"):
@@ -105,9 +100,6 @@ def test_persona_weight_ranks_on_persona_fidelity():
          "score": float("nan"), "status": "ok"}])])
     again = mean_scores(noisy, persona_weight=0.5).filter(pl.col("target_id") == "a")
     assert again["mean_score"].item() == pytest.approx(3.5) and again["n_scores"].item() == 2
-    legacy = dict(mean_scores(j.to_pandas(), persona_weight=0.5)
-                  .select("target_id", "mean_score").rows())
-    assert legacy["a"] == pytest.approx(3.5)
     with pytest.raises(ValueError, match="persona_weight"):
         mean_scores(j, persona_weight=1.5)
 

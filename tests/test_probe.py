@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import os
+
 import polars as pl
 import pytest
 
-from mascot_dag.lib import probe
-from mascot_dag.lib.personas import load_personas, personas_of_set
-from mascot_dag.lib.stats import paired_cluster_bootstrap, significance_mark
+from mascot_dag.lib.data.personas import load_personas, personas_of_set
+from mascot_dag.lib.evaluation.stats import paired_cluster_bootstrap, significance_mark
+from mascot_dag.lib.stage1 import probe
 
 
 @pytest.mark.parametrize("persona_set", ["support", "workplace"])
@@ -76,10 +78,6 @@ def test_summary_is_paired_and_clustered_by_context():
     few = _by_persona(probe.summarise(table))
     assert few["all"]["identifiable_gain"] == pytest.approx(0.2)
     assert few["all"]["identifiable_lo"] < 0.2 < few["all"]["identifiable_hi"]
-    # a pandas table is converted: same numbers, answered in polars
-    legacy = _by_persona(probe.summarise(table.to_pandas()))
-    assert legacy["all"]["identifiable_gain"] == pytest.approx(0.2)
-    assert legacy["all"]["identifiable_lo"] == pytest.approx(few["all"]["identifiable_lo"])
 
 
 def test_unit_table_rejects_mismatched_lengths():
@@ -159,8 +157,8 @@ def test_roster_probe_asset_is_the_stage1_gate(tmp_path, blocking):
     fails its run only when the profile makes the check blocking."""
     import dagster as dg
 
-    from mascot_dag.assets.alignment import persona_roster_probe
-    from mascot_dag.lib.db import replace_rows
+    from mascot_dag.assets.probe import persona_roster_probe
+    from mascot_dag.lib.storage.db import replace_rows
     from mascot_dag.resources.settings import LineageSettings
     from mascot_dag.resources.store import DuckDBStore
     from mascot_dag.resources.tracking import MLflowResource
@@ -192,3 +190,87 @@ def test_roster_probe_asset_is_the_stage1_gate(tmp_path, blocking):
     runs = mlflow.search_runs(experiment_names=["stage1_persona_alignment"])
     assert sorted(runs["params.passed"]) == ["False", "True"]
     assert runs["metrics.roster_n_units"].tolist() == [96.0, 96.0]
+
+
+@pytest.mark.parametrize("gains, stage2_runs", [
+    (dict.fromkeys(ROSTER, 0), False),  # no gain: the blocking gate stops Stage 2
+    ({"anchor": 6, "catalyst": 6, "beacon": 0, "action_guide": 0}, True),  # planted gain
+])
+def test_the_stage1_gate_decides_whether_the_walk_reaches_stage2(home, monkeypatch, gains,
+                                                                  stage2_runs):
+    """The real walk (`pipeline.run_lineage`, the demo's path) over the Stage 1 gate and the
+    first Stage 2 asset, with the probe's rows planted: a failing blocking gate leaves
+    group_rollouts unmade (skipped, not failed); a planted gain lets the walk go on to it.
+    (group_rollouts then fails for want of adapters and contexts: what matters is whether the
+    walk started it.)"""
+    import dagster as dg
+
+    from mascot_dag.lib.storage.db import replace_rows
+    from mascot_dag.pipeline import (
+        AP,
+        lineage_definitions,
+        parse_selection,
+        prepare_home,
+        run_lineage,
+    )
+    from mascot_dag.profiles import override_settings, resources_for
+
+    monkeypatch.setenv("MASCOT_PROFILE", "tiny")
+    monkeypatch.setenv("DAGSTER_HOME", str(home / "dagster"))
+    prepare_home()
+    resources = resources_for()
+    resources["settings"] = override_settings(resources["settings"], ["probe_blocking=true"])
+    replace_rows(str(resources["store"].db_path), "persona_probe", _roster_rows(gains))
+    graph = lineage_definitions(resources).resolve_asset_graph()
+    selection: set[AP] = parse_selection(graph, ["persona_roster_probe", "group_rollouts"])
+    with dg.DagsterInstance.ephemeral() as instance:
+        results = run_lineage(resources, instance, selection=selection)
+        started = {e.dagster_event.step_key for r in results for e in instance.all_logs(r.run_id)
+                   if e.dagster_event and e.dagster_event.event_type_value == "STEP_START"}
+    gate = next(r for r in results if "persona_roster_probe" in r.step.label)
+    assert "persona_roster_probe" in started
+    assert ("persona_roster_probe" not in gate.failed) is stage2_runs, gate.errors
+    if not stage2_runs:
+        assert any("roster_fidelity_effect" in e for e in gate.errors), gate.errors
+    assert ("group_rollouts" in started) is stage2_runs, started
+
+
+@pytest.mark.slow
+def test_adapters_identical_to_the_base_fail_the_stage1_gate(tmp_path, base_model_path):
+    """Known outcome: a real LoRA adapter at its initialisation (B = 0: the base model's outputs)
+    for one persona, through the real probe (generation, judge, classifier): every text equals
+    the base's, the gain is exactly zero, and the roster verdict does not pass."""
+    import polars as pl
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from mascot_dag.assets.contexts import DEMO_ED
+    from mascot_dag.lib.data.empathetic import load_empathetic_dialogues
+    from mascot_dag.lib.data.personas import load_personas, personas_of_set
+    from mascot_dag.lib.judges.embedded import EmbeddedJudge
+    from mascot_dag.lib.llm.transformers_backend import TransformersChat
+    from mascot_dag.profiles import settings_for
+
+    torch.manual_seed(0)
+    lora = tmp_path / "identity-lora"
+    cfg = LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj", "v_proj"])  # B starts at 0
+    get_peft_model(AutoModelForCausalLM.from_pretrained(base_model_path), cfg).save_pretrained(lora)
+    backend = TransformersChat(base_model_path, os.environ["MASCOT_MODELS_DIR"], batch_size=8)
+    backend.add_adapter("identity", str(lora))
+    settings = settings_for("tiny")
+    roster = personas_of_set(load_personas(), "support")
+    ctxs = load_empathetic_dialogues(DEMO_ED).contexts[:4]
+    judge, rows, summaries = EmbeddedJudge(), [], []
+    for card in roster[:1]:
+        table, summary = probe.probe_persona(backend.generate, judge, card, roster, ctxs,
+                                             {"adapter": "identity"}, "identity/1", settings)
+        rows.append(table)
+        summaries.append(summary)
+    table = pl.concat(rows)
+    base = table.filter(pl.col("arm") == "base").sort("persona_id", "context_id", "seed")
+    adapted = table.filter(pl.col("arm") == "adapter").sort("persona_id", "context_id", "seed")
+    assert base["text"].to_list() == adapted["text"].to_list()
+    summary = probe.summarise(table, seed=settings.seed)
+    verdict = probe.roster_verdict(summary, [roster[0].persona_id], 4)
+    assert verdict.gain == 0 and not verdict.passed, verdict.description

@@ -7,9 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import polars as pl
 import pytest
 
-from mascot_dag.lib import db
+from mascot_dag.lib.storage import db
 
 QUERIES = db.SQL_DIR / "queries"
 REPO = Path(__file__).resolve().parents[1]
@@ -92,12 +93,18 @@ def database(home) -> Path:
 
 
 def _run_all(path: Path) -> dict:
-    """Every named query's result; as pandas, whose indexing these checks read best."""
+    """Every named query's result."""
     out = {}
     for f in sorted(QUERIES.glob("*.sql")):
         sql = f.read_text(encoding="utf-8")
-        out[f.stem] = db.query_pl(path, sql, PARAMS.get(f.stem)).to_pandas()
+        out[f.stem] = db.query_pl(path, sql, PARAMS.get(f.stem))
     return out
+
+
+def _row(df: pl.DataFrame, **key) -> dict:
+    """The one row of `df` whose columns equal `key` (an error unless exactly one matches)."""
+    return df.row(by_predicate=pl.all_horizontal(pl.col(k) == v for k, v in key.items()),
+                  named=True)
 
 
 def test_every_query_returns_rows(database):
@@ -112,49 +119,55 @@ def test_every_query_returns_rows(database):
 def test_query_values(database):
     r = _run_all(database)
 
-    probe = r["persona_probe"].set_index("arm")
-    assert probe.loc["adapter", "identifiable"] == 1.0 and probe.loc["base", "identifiable"] == 0.0
-    assert probe.loc["adapter", "model_version"] == "mascot-persona-anchor/2"
+    probe = r["persona_probe"]
+    assert _row(probe, arm="adapter")["identifiable"] == 1.0
+    assert _row(probe, arm="base")["identifiable"] == 0.0
+    assert _row(probe, arm="adapter")["model_version"] == "mascot-persona-anchor/2"
 
-    ps = r["persona_scores"].set_index(["persona_id", "criterion"])
-    row = ps.loc[("anchor", "Consistency")]
-    assert row.persona_name == "The Anchor"
-    assert (row.mean_score, row.min_score, row.max_score, row.n) == (3.0, 2.0, 4.0, 2)  # no failed
-    assert ps.loc[("beacon", "Social Contribution")].n == 1
+    ps = r["persona_scores"]
+    row = _row(ps, persona_id="anchor", criterion="Consistency")
+    assert row["persona_name"] == "The Anchor"
+    assert (row["mean_score"], row["min_score"], row["max_score"], row["n"]) == (
+        3.0, 2.0, 4.0, 2)  # no failed
+    assert _row(ps, persona_id="beacon", criterion="Social Contribution")["n"] == 1
 
-    pp = r["persona_pairs"].set_index("persona_id")
-    assert pp.loc["anchor", "pairs"] == 2 and pp.loc["anchor", "mean_margin"] == 1.5
-    assert pp.loc["beacon", "pairs"] == 1 and pp.loc["beacon", "persona_name"] == "The Beacon"
+    pp = r["persona_pairs"]
+    anchor, beacon = _row(pp, persona_id="anchor"), _row(pp, persona_id="beacon")
+    assert anchor["pairs"] == 2 and anchor["mean_margin"] == 1.5
+    assert beacon["pairs"] == 1 and beacon["persona_name"] == "The Beacon"
 
     red = r["most_redundant_turns"]
     assert {"dialogue_id", "turn_idx", "speaker", "text", "earlier_turn_idx", "earlier_text",
             "similarity"} <= set(red.columns)
-    top = red.iloc[0]
-    assert (top.dialogue_id, top.turn_idx, top.speaker, top.earlier_turn_idx) == ("d1", 2,
-                                                                                 "beacon", 1)
-    assert 0.7 < top.similarity < 1.0
-    assert set(red.turn_idx) >= {1, 2, 3} and "user" not in set(red.speaker)
-    assert red.similarity.is_monotonic_decreasing
+    top = red.row(0, named=True)
+    assert (top["dialogue_id"], top["turn_idx"], top["speaker"], top["earlier_turn_idx"]) == (
+        "d1", 2, "beacon", 1)
+    assert 0.7 < top["similarity"] < 1.0
+    assert set(red["turn_idx"]) >= {1, 2, 3} and "user" not in set(red["speaker"])
+    assert red["similarity"].is_sorted(descending=True)
 
-    ds = r["directive_stats"].set_index("speaker")
-    assert ds.loc["beacon", "directives"] == 2 and ds.loc["beacon", "share"] == 0.5
-    assert ds.loc["beacon", "fallbacks"] == 1 and ds.loc["beacon", "fallback_rate"] == 0.5
-    assert ds.loc["catalyst", "retry_rate"] == 1.0 and ds.loc["anchor", "fallback_rate"] == 0.0
+    ds = r["directive_stats"]
+    beacon = _row(ds, speaker="beacon")
+    assert beacon["directives"] == 2 and beacon["share"] == 0.5
+    assert beacon["fallbacks"] == 1 and beacon["fallback_rate"] == 0.5
+    assert _row(ds, speaker="catalyst")["retry_rate"] == 1.0
+    assert _row(ds, speaker="anchor")["fallback_rate"] == 0.0
 
-    ev = r["eval_summary"].set_index(["method", "level", "criterion"])
-    assert ev.loc[("mascot", "agent", "Consistency")].mean_value == 3.5
-    assert ev.loc[("mascot", "agent", "Consistency")].n == 2
-    assert ev.loc[("zero_shot", "automatic", "distinct_2")].mean_value == 0.5
+    ev = r["eval_summary"]
+    assert _row(ev, method="mascot", level="agent", criterion="Consistency")["mean_value"] == 3.5
+    assert _row(ev, method="mascot", level="agent", criterion="Consistency")["n"] == 2
+    assert _row(ev, method="zero_shot", level="automatic",
+                criterion="distinct_2")["mean_value"] == 0.5
 
     cs = r["contexts_by_split"]
-    neg = cs[(cs.valence == "negative") & (cs.split == "train")]
-    assert neg.contexts.tolist() == [2]
-    assert cs[cs.source == "qmsum"].domain.tolist() == ["product"]
+    neg = cs.filter((pl.col("valence") == "negative") & (pl.col("split") == "train"))
+    assert neg["contexts"].to_list() == [2]
+    assert cs.filter(pl.col("source") == "qmsum")["domain"].to_list() == ["product"]
 
     dlg = r["dialogue"]
-    assert dlg.turn_idx.tolist() == [0, 1, 2, 3]
-    assert dlg.directive_status.tolist()[1:] == ["ok", "fallback", "retried"]
-    assert dlg.directive_action.isna().tolist() == [True, False, False, False]  # user turn
+    assert dlg["turn_idx"].to_list() == [0, 1, 2, 3]
+    assert dlg["directive_status"].to_list()[1:] == ["ok", "fallback", "retried"]
+    assert dlg["directive_action"].is_null().to_list() == [True, False, False, False]  # user turn
 
 
 def test_dialogue_query_needs_its_parameter(database):

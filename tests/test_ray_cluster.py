@@ -38,7 +38,8 @@ import duckdb
 import pytest
 from conftest import q
 
-from mascot_dag.lib.local_cluster import (
+from mascot_dag.lib.llm.models import EMBEDDED_MODEL
+from mascot_dag.lib.runtime.local_cluster import (
     BIN,
     env_with_bin,
     mlflow_server,
@@ -47,7 +48,6 @@ from mascot_dag.lib.local_cluster import (
     vllm_server,
     wait_healthy,
 )
-from mascot_dag.lib.models import EMBEDDED_MODEL
 
 # the module's fixtures run in the first test's timeout: ~650 s alone, ~710 s beside the
 # dagster-dev lineage on the other xdist worker

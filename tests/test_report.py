@@ -2,20 +2,20 @@
 
 from __future__ import annotations
 
-import pandas as pd
+import polars as pl
 import pytest
 
-from mascot_dag.lib.champion import dialogue_overall, gate_decision, overall_score
-from mascot_dag.lib.paper import published_table
-from mascot_dag.lib.report import ReportInputs, build_report
-from mascot_dag.lib.stats import win_rates
+from mascot_dag.lib.evaluation.champion import dialogue_overall, gate_decision, overall_score
+from mascot_dag.lib.evaluation.paper import published_table
+from mascot_dag.lib.evaluation.report import ReportInputs, build_report
+from mascot_dag.lib.evaluation.stats import win_rates
 from mascot_dag.lib.types import AGENT_CRITERIA, COLLECTIVE_CRITERIA
 
 # Per-dialogue judge score (1-5) of every criterion: 0-100 = [75, 100, 75, 100] for mascot etc.
 RAW = {"mascot": [4, 5, 4, 5], "mascot_p": [3, 4, 3, 4], "zero_shot": [2, 3, 2, 3]}
 PROFILES = ["INTJ", "ENFP", "INTJ", "ENFP"]
 # context k of every method: ED positive, ED negative, QMSum academic, ED positive
-CONTEXTS = pd.DataFrame({
+CONTEXTS = pl.DataFrame({
     "context_id": ["c0", "c1", "c2", "c3"],
     "source": ["empatheticdialogues", "empatheticdialogues", "qmsum", "empatheticdialogues"],
     "domain": ["emotional_support", "emotional_support", "academic", "emotional_support"],
@@ -23,7 +23,7 @@ CONTEXTS = pd.DataFrame({
 })
 
 
-def _tables(judges: tuple[str, ...] = ("llm", "embedded")) -> tuple[pd.DataFrame, pd.DataFrame]:
+def _tables(judges: tuple[str, ...] = ("llm", "embedded")) -> tuple[pl.DataFrame, pl.DataFrame]:
     scores, dialogues = [], []
     for method, values in RAW.items():
         for k, v in enumerate(values):
@@ -42,7 +42,7 @@ def _tables(judges: tuple[str, ...] = ("llm", "embedded")) -> tuple[pd.DataFrame
                 level="automatic", judge="metric", criterion="self_bleu", value=0.1 * (k + 1)
             )
             scores.append(dict(method=method, dialogue_id=did, higher_is_better=False, **auto))
-    return pd.DataFrame(scores), pd.DataFrame(dialogues)
+    return pl.DataFrame(scores), pl.DataFrame(dialogues)
 
 
 def test_overall_score_is_mean_of_criteria_on_0_100():
@@ -55,14 +55,14 @@ def test_overall_score_is_mean_of_criteria_on_0_100():
             for c in AGENT_CRITERIA[:4] + COLLECTIVE_CRITERIA]  # fmt: skip
     rows += [dict(method="m", dialogue_id=f"d{k}", level="agent", judge="j",
                   criterion=AGENT_CRITERIA[4], value=1.0) for k in range(10)]  # fmt: skip
-    assert overall_score(pd.DataFrame(rows), "m") == pytest.approx(100 * 8 / 9)
+    assert overall_score(pl.DataFrame(rows), "m") == pytest.approx(100 * 8 / 9)
     per = dict(dialogue_overall(scores).select("dialogue_id", "overall").rows())
     assert per["eval:mascot:c1"] == pytest.approx(100.0)
 
 
 def test_judge_values_off_the_1_5_scale_are_rejected():
     scores, _ = _tables()
-    scores.loc[0, "value"] = 87.0
+    scores[0, "value"] = 87.0
     with pytest.raises(ValueError, match="dialogue_id=eval:mascot:c0.*1-5 scale"):
         overall_score(scores, "mascot")
 
@@ -103,35 +103,39 @@ def test_report_end_to_end(tmp_path):
 def test_report_with_missing_pieces_says_na(tmp_path):
     scores, dialogues = _tables(judges=("embedded",))
     res = build_report(
-        ReportInputs(scores, dialogues.drop(columns=["user_profile"])), tmp_path / "r1"
+        ReportInputs(scores, dialogues.drop("user_profile")), tmp_path / "r1"
     )
     md = res.markdown.read_text(encoding="utf-8")
     assert "n/a (needs two judges; only embedded scored)" in md
     assert "n/a (no completed comparisons)" in md
     assert "n/a (no champion decision given)" in md
     assert {p.name for p in res.plots} == {"criteria_by_method.png"}
-    empty = build_report(ReportInputs(pd.DataFrame(), pd.DataFrame()), tmp_path / "r2")
+    empty = build_report(ReportInputs(pl.DataFrame(), pl.DataFrame()), tmp_path / "r2")
     text = empty.markdown.read_text(encoding="utf-8")
     assert "n/a (no judge scores in eval_scores)" in text and empty.plots == []
 
 
 def test_report_refuses_inverted_metric_direction(tmp_path):
     scores, dialogues = _tables()
-    scores.loc[scores["criterion"] == "self_bleu", "higher_is_better"] = True
+    self_bleu = pl.col("criterion") == "self_bleu"
+    scores = scores.with_columns(
+        higher_is_better=pl.when(self_bleu).then(True).otherwise(pl.col("higher_is_better")))
     with pytest.raises(ValueError, match="self_bleu"):
         build_report(ReportInputs(scores, dialogues), tmp_path)
 
 
-def _with_noisy_method(scores: pd.DataFrame) -> pd.DataFrame:
+def _with_noisy_method(scores: pl.DataFrame) -> pl.DataFrame:
     """few_shot: mascot's scores +1/-1 alternating by context (mean 0 difference, noisy)."""
-    noisy = scores[scores["method"] == "mascot"].copy()
-    noisy["method"] = "few_shot"
-    noisy["dialogue_id"] = noisy["dialogue_id"].str.replace("eval:mascot:", "eval:few_shot:")
-    ctx = noisy["dialogue_id"].str[-1].astype(int)
-    judged = noisy["level"] != "automatic"
-    noisy.loc[judged, "value"] = (noisy.loc[judged, "value"]
-                                  + ctx[judged].map({0: 1.0, 1: -1.0, 2: 1.0, 3: -1.0}))
-    return pd.concat([scores, noisy], ignore_index=True)
+    noisy = scores.filter(pl.col("method") == "mascot").with_columns(
+        method=pl.lit("few_shot"),
+        dialogue_id=pl.col("dialogue_id").str.replace("eval:mascot:", "eval:few_shot:",
+                                                      literal=True))
+    ctx = pl.col("dialogue_id").str.slice(-1).cast(pl.Int64)
+    judged = pl.col("level") != "automatic"
+    step = ctx.replace_strict({0: 1.0, 1: -1.0, 2: 1.0, 3: -1.0})
+    noisy = noisy.with_columns(
+        value=pl.when(judged).then(pl.col("value") + step).otherwise(pl.col("value")))
+    return pl.concat([scores, noisy])
 
 
 def test_comparisons_with_mascot_are_paired_with_ci_n_and_mark(tmp_path):

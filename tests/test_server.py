@@ -44,8 +44,8 @@ def lora_uri(base_model_path, tmp_path_factory) -> tuple[str, Path]:
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
-    from mascot_dag.lib import tracking
-    from mascot_dag.lib.home import Home
+    from mascot_dag.lib.storage import tracking
+    from mascot_dag.lib.storage.home import Home
 
     home = Home.from_env(tmp_path_factory.mktemp("serve_home"))
     torch.manual_seed(0)
@@ -476,7 +476,7 @@ def test_backend_failure_is_a_500_with_an_error_body():
     proxied upstream is down) gives the client a 500 OpenAI error, not a hang or a text page."""
     import uvicorn
 
-    from mascot_dag.lib.llm.server import create_app
+    from mascot_dag.lib.serving.server import create_app
 
     upstream = OpenAIChat(f"http://127.0.0.1:{free_port()}/v1", model="m", max_retries=0)
     app = create_app(upstream, "proxy", adapters=[])
@@ -504,8 +504,8 @@ def test_transformers_engine_for_machines_without_vllm(base_model_path):
     """`--engine transformers`: the same app over TransformersChat (whole texts, one chunk)."""
     from fastapi.testclient import TestClient
 
-    from mascot_dag.lib.llm.server import create_app
     from mascot_dag.lib.llm.transformers_backend import TransformersChat
+    from mascot_dag.lib.serving.server import create_app
 
     backend = TransformersChat(base_model_path, str(Path(base_model_path).parent), batch_size=2)
     with TestClient(create_app(backend, BASE)) as tc:  # runs the lifespan, like uvicorn

@@ -13,13 +13,13 @@ import polars as pl
 import pytest
 
 from mascot_dag.assets.contexts import DEMO_ED
-from mascot_dag.lib import probe
-from mascot_dag.lib.dialogue import opening_agent_messages
+from mascot_dag.lib.data.empathetic import load_empathetic_dialogues
+from mascot_dag.lib.data.personas import load_personas, personas_of_set
+from mascot_dag.lib.data.split import assign_split
+from mascot_dag.lib.dialogue.engine import opening_agent_messages
 from mascot_dag.lib.judges.base import ResponseItem
-from mascot_dag.lib.loaders.empathetic import load_empathetic_dialogues
-from mascot_dag.lib.personas import load_personas, personas_of_set
-from mascot_dag.lib.rewards import completion_text, format_reward
-from mascot_dag.lib.split import assign_split
+from mascot_dag.lib.stage1 import probe
+from mascot_dag.lib.stage1.rewards import completion_text, format_reward
 from mascot_dag.lib.types import ChatRequest, SamplingParams
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
@@ -50,9 +50,9 @@ class JudgeFidelity:
 def test_grpo_at_demo_settings_changes_outputs_and_the_probe_sees_it(
     base_model_path, judge, tmp_path
 ):
-    from mascot_dag.assets.alignment import grpo_settings, lora_settings
     from mascot_dag.lib.llm.transformers_backend import TransformersChat
     from mascot_dag.lib.training.common import lora_relative_change
+    from mascot_dag.lib.training.config import grpo_settings, lora_settings
     from mascot_dag.lib.training.grpo import train_grpo_adapter
     from mascot_dag.profiles import settings_for
 

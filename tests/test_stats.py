@@ -9,7 +9,7 @@ import numpy as np
 import polars as pl
 import pytest
 
-from mascot_dag.lib.stats import (
+from mascot_dag.lib.evaluation.stats import (
     bootstrap_ci,
     judge_agreement,
     mean_std,

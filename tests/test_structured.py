@@ -248,9 +248,10 @@ def test_served_response_format(served):
 def test_tiny_model_as_structured_director_names_allowed_speakers(base_model_path):
     # without the schema the base 135M director is valid on the first try ~30-55% of the time
     # (scripts/bench_director.py); with it every first answer is a usable directive
-    from mascot_dag.lib.dialogue import DialogueConfig, DialogueSpec, DialogueState, direct_turns
+    from mascot_dag.lib.data.personas import load_personas, personas_of_set
+    from mascot_dag.lib.dialogue.engine import DialogueState, direct_turns
+    from mascot_dag.lib.dialogue.spec import DialogueConfig, DialogueSpec
     from mascot_dag.lib.llm.transformers_backend import TransformersChat
-    from mascot_dag.lib.personas import load_personas, personas_of_set
     from mascot_dag.lib.types import Context
 
     roster = personas_of_set(load_personas(), "support")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from mascot_dag.lib.rewards import (
+from mascot_dag.lib.stage1.rewards import (
     combined,
     completion_text,
     format_reward,
@@ -488,7 +488,7 @@ def test_judge_reward_rewards_the_persona_the_judge_recognises():
     from test_dialogue import ED, SUPPORT
 
     from mascot_dag.lib.judges.embedded import EmbeddedJudge
-    from mascot_dag.lib.rewards import judge_consistency_reward
+    from mascot_dag.lib.stage1.rewards import judge_consistency_reward
 
     judge = EmbeddedJudge()
     cards = {c.persona_id: c for c in SUPPORT}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from mascot_dag.lib.users import UserProfileError, load_user_profiles, user_system_prompt
+from mascot_dag.lib.data.users import UserProfileError, load_user_profiles, user_system_prompt
 
 
 def test_sixteen_distinct_types():

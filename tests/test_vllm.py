@@ -8,7 +8,8 @@ import json
 import pytest
 from conftest import random_lora
 
-from mascot_dag.lib.director import directive_schema
+from mascot_dag.lib.data.personas import load_personas, personas_of_set
+from mascot_dag.lib.dialogue.director import directive_schema
 from mascot_dag.lib.llm.vllm_backend import (
     VLLMChat,
     cpu_dtype,
@@ -16,7 +17,6 @@ from mascot_dag.lib.llm.vllm_backend import (
     engine_kwargs,
     on_cpu,
 )
-from mascot_dag.lib.personas import load_personas, personas_of_set
 from mascot_dag.lib.types import ChatRequest, SamplingParams
 
 pytestmark = pytest.mark.slow

@@ -19,7 +19,8 @@ import pytest
 import requests
 from conftest import free_port, stop_group
 
-from mascot_dag.lib.chat import (
+from mascot_dag.lib.data.personas import load_personas, personas_of_set
+from mascot_dag.lib.dialogue.chat import (
     BASE_LABEL,
     MAX_MESSAGE_CHARS,
     ChatInputError,
@@ -29,8 +30,7 @@ from mascot_dag.lib.chat import (
     check_message,
     version_label,
 )
-from mascot_dag.lib.dialogue import DialogueConfig
-from mascot_dag.lib.personas import load_personas, personas_of_set
+from mascot_dag.lib.dialogue.spec import DialogueConfig
 from mascot_dag.lib.types import ChatRequest, ChatResult
 from mascot_dag.web.chat import MAX_BODY_BYTES, ChatGroup, create_app, render
 
@@ -309,7 +309,7 @@ def test_champion_versions_speak_and_are_labelled(home, base_model_path, request
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
-    from mascot_dag.assets.registry import persona_model
+    from mascot_dag.registry import persona_model
     from mascot_dag.resources.tracking import MLflowResource
     from mascot_dag.web.chat import load_group
 

@@ -11,21 +11,21 @@ from mascot_dag.assets.common import (
     TRANSIENT_RETRY,
     base_model_path,
     cluster_tags,
-    counts,
     fingerprint,
     progress,
     table_metadata,
 )
-from mascot_dag.assets.feedback import load_roster
-from mascot_dag.assets.registry import DIRECTOR_MODEL, attach_personas
-from mascot_dag.lib.dialogue import DialogueConfig, blocks, run_dialogues
-from mascot_dag.lib.director import directive_pattern
-from mascot_dag.lib.home import Home
+from mascot_dag.assets.queries import dialogue_metadata, pick_contexts, rosters, write_dialogues
+from mascot_dag.lib.data.users import load_user_profiles
+from mascot_dag.lib.dialogue.director import directive_pattern
+from mascot_dag.lib.dialogue.engine import blocks, run_dialogues
+from mascot_dag.lib.dialogue.rollout import build_specs, records_from_frames
+from mascot_dag.lib.dialogue.spec import config_from_settings
 from mascot_dag.lib.judges.agreement import agreement, agreement_markdown
 from mascot_dag.lib.judges.base import BlockItem
-from mascot_dag.lib.rollout import build_specs, record_tables, records_from_frames
-from mascot_dag.lib.tables import context_from_row, score_rows
-from mascot_dag.lib.users import load_user_profiles
+from mascot_dag.lib.storage.home import Home
+from mascot_dag.lib.storage.tables import score_rows
+from mascot_dag.registry import DIRECTOR_MODEL, attach_personas
 from mascot_dag.resources.judge import JudgePanelResource
 from mascot_dag.resources.llm import ChatModelResource
 from mascot_dag.resources.settings import LineageSettings
@@ -38,64 +38,6 @@ BLOCK_JUDGMENT_SCHEMA = {"dialogue_id": pl.String, "block_idx": pl.Int64, "judge
                          "criterion": pl.String, "score": pl.Float64, "rationale": pl.String,
                          "status": pl.String, "raw_output": pl.String}
 ROLLOUT_PREFIX = "rollout"
-
-
-def pick_contexts(store: DuckDBStore, split: str, per_mode: int, required: bool = True):
-    """Up to `per_mode` contexts of each source from a split, in a fixed hash order
-    (`required=False`: an empty split gives [], e.g. the OOD split of a held-out source)."""
-    out = []
-    for source in ("empatheticdialogues", "qmsum"):
-        limit = f"LIMIT {int(per_mode)}" if per_mode else ""
-        rows = store.frame(
-            "SELECT * FROM contexts WHERE split = ? AND source = ? "
-            f"ORDER BY md5(context_id) {limit}",
-            [split, source],
-        ).to_dicts()
-        out += [context_from_row(r) for r in rows]
-    if not out and required:
-        raise ValueError(f"no {split} contexts: materialise `contexts` first")
-    return out
-
-
-def rosters(store: DuckDBStore) -> dict:
-    return {"support": load_roster(store, "support"), "workplace": load_roster(store, "workplace")}
-
-
-def dialogue_config(settings: LineageSettings, **overrides) -> DialogueConfig:
-    base = dict(
-        max_new_tokens_agent=settings.max_new_tokens,
-        max_new_tokens_user=max(16, settings.max_new_tokens - 8),
-        prompt_style=settings.prompt_style,
-        agents_per_round=settings.agents_per_round,
-        structured_director=settings.director_structured,
-    )
-    return DialogueConfig(**{**base, **overrides})
-
-
-def write_dialogues(store: DuckDBStore, records, prefix: str) -> tuple:
-    dialogues, turns, directives = record_tables(records)
-    like = [f"{prefix}:%"]
-    store.replace_many([
-        ("dialogues", dialogues, "dialogue_id LIKE ?", like),
-        ("turns", turns, "dialogue_id LIKE ?", like),
-        ("directives", directives, "dialogue_id LIKE ?", like),
-    ])
-    return dialogues, turns, directives
-
-
-def dialogue_metadata(dialogues, turns, directives, **extra) -> dict:
-    agent = turns.filter(pl.col("role") == "agent")
-    directed = agent.join(directives, on=["dialogue_id", "turn_idx"], how="inner")
-    return table_metadata(
-        turns.select("dialogue_id", "turn_idx", "speaker", "text"),
-        dialogues=len(dialogues),
-        by_mode=counts(dialogues, "mode"),
-        agent_turns=len(agent),
-        agent_turns_with_directive=directed.height,
-        directive_status=counts(directives, "status") if len(directives) else {},
-        speakers=counts(agent, "speaker"),
-        **extra,
-    )
 
 
 # persona_roster_probe: Stage 1's gate (its blocking check stops Stage 2 when the roster did not
@@ -112,7 +54,7 @@ def group_rollouts(
     specs = build_specs(pick_contexts(store, "train", settings.rollout_dialogues), roster,
                         load_user_profiles(), settings.agent_turns, ROLLOUT_PREFIX, settings.seed)
     adapters, versions = attach_personas(chat, tracking, [c.persona_id for c in roster["support"]])
-    config = dialogue_config(settings, persona_adapters=adapters)
+    config = config_from_settings(settings, persona_adapters=adapters)
     records = run_dialogues(specs, chat.backend(), config, stage="rollout", method="mascot")
     d, t, x = write_dialogues(store, records, ROLLOUT_PREFIX)
     return dg.MaterializeResult(metadata=dialogue_metadata(
@@ -171,7 +113,7 @@ def director_training(settings: LineageSettings, max_completion_length: int, car
     the director's own learning rate / LoRA targets where set (None = shared with the personas).
     The directive budget is the one it has in dialogues; `cards` (every roster it directs, from
     the store) are the speakers its structured-output regex allows."""
-    from mascot_dag.assets.alignment import grpo_settings, lora_settings
+    from mascot_dag.lib.training.config import grpo_settings, lora_settings
 
     gs = replace(grpo_settings(settings, max_completion_length), max_steps=settings.director_steps)
     if settings.director_learning_rate is not None:
@@ -199,8 +141,7 @@ def director_adapter(
     """GRPO LoRA for the director: each sampled directive is rolled out `director_reward_horizon`
     turns and rewarded by the group judge on the resulting block, plus a format reward for valid
     directives."""
-    from mascot_dag.assets.alignment import log_curves
-    from mascot_dag.lib.director_reward import (
+    from mascot_dag.lib.stage2.director_reward import (
         DirectiveFormatReward,
         GroupBlockReward,
         director_states,
@@ -221,7 +162,7 @@ def director_adapter(
     if not states:
         raise ValueError("no director decision points in the rollouts: materialise group_rollouts")
     adapters, versions = attach_personas(chat, tracking, [c.persona_id for c in roster["support"]])
-    config = dialogue_config(settings, persona_adapters=adapters)
+    config = config_from_settings(settings, persona_adapters=adapters)
     horizon = settings.director_reward_horizon
     # the group reward is the panel's training judge (settings: judges.training_judge)
     rewards = [GroupBlockReward(states, chat.backend().generate, judges.training(), config,
@@ -241,7 +182,7 @@ def director_adapter(
                              "reward_weights": weights, "director_reward_horizon": horizon})
         result = train_grpo_adapter(base, prompts, rewards, weights, gs, lora, out,
                                     callbacks=[progress(context, "GRPO director")])
-        log_curves(tracking, {"reward": result.reward_curve, "kl": result.kl_curve,
+        tracking.log_curves({"reward": result.reward_curve, "kl": result.kl_curve,
                               "loss": result.loss_curve, **result.reward_func_curves})
         tracking.log_adapter(result.adapter_dir)
         # how far the steps moved the weights: ~1e-4 changes no sampled directive (see

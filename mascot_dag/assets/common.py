@@ -1,6 +1,6 @@
 """Small helpers shared by the asset modules: metadata that is measured, never decorative.
 
-They take polars frames (a pandas one is converted through `frames.to_polars`).
+They take polars frames.
 """
 
 import warnings
@@ -8,14 +8,19 @@ import warnings
 import dagster as dg
 import polars as pl
 
-from mascot_dag.lib.frames import to_polars
+from mascot_dag.lib.data.personas import load_personas, personas_of_set
+from mascot_dag.lib.evaluation.champion import CHAMPION
+from mascot_dag.lib.evaluation.methods import METHODS
 from mascot_dag.lib.markdown import markdown_table
-from mascot_dag.lib.personas import load_personas, personas_of_set
 
 # Stage 1 trains the emotional-support set; its persona ids are the partitions of the per-persona
 # assets. Read from the packaged persona files when the code location loads (cheap YAML parsing).
 SUPPORT_PERSONAS = [c.persona_id for c in personas_of_set(load_personas(), "support")]
 persona_partitions = dg.StaticPartitionsDefinition(SUPPORT_PERSONAS)
+# The MLflow experiment of every Stage 1 model (pi_SFT, reward model, adapters, probe).
+STAGE1_EXPERIMENT = "stage1_persona_alignment"
+# The evaluation runs one partition per method, plus the current champion's re-run.
+method_partitions = dg.StaticPartitionsDefinition([*METHODS, CHAMPION])
 
 
 def quiet_backfill_policy_beta() -> None:
@@ -43,10 +48,9 @@ def persona_rows(personas) -> tuple[str, list[str]]:
 
 def preview(df, n: int = 5, width: int = 80) -> dg.MetadataValue:
     """A short markdown preview with long cells cut, so the UI stays readable."""
-    return dg.MetadataValue.md(markdown_table(to_polars(df).head(n), width))
+    return dg.MetadataValue.md(markdown_table(df.head(n), width))
 
 def table_metadata(df, **extra) -> dict:
-    df = to_polars(df)
     schema = dg.TableSchema(
         columns=[dg.TableColumn(name=c, type=str(t)) for c, t in df.schema.items()]
     )
@@ -58,14 +62,14 @@ def table_metadata(df, **extra) -> dict:
     }
 
 def counts(df, col: str) -> dict:
-    values = to_polars(df).get_column(col).cast(pl.String).fill_null("n/a")
+    values = df.get_column(col).cast(pl.String).fill_null("n/a")
     return {k: int(v) for k, v in sorted(values.value_counts().rows())}
 
 
 def base_model_path(chat) -> str:
     """The base policy that training starts from: the chat resource's model, converted if needed."""
-    from mascot_dag.lib.home import Home
-    from mascot_dag.lib.models import resolve_model
+    from mascot_dag.lib.llm.models import resolve_model
+    from mascot_dag.lib.storage.home import Home
 
     models_dir = getattr(chat, "models_dir", "") or str(Home.from_env().models)
     return resolve_model(chat.model, models_dir)
@@ -81,10 +85,6 @@ def fingerprint(*parts) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
-def registered_name(prefix: str, persona_id: str) -> str:
-    return f"{prefix}-{persona_id.replace('_', '-')}"
-
-
 # DuckDB allows one writer process per file: every asset that writes mascot.duckdb runs in this
 # pool, and the instance's dagster.yaml (pipeline.prepare_home) lets one step of a pool run at a
 # time across all runs. With the in-process executor and one run at a time this changes nothing;
@@ -96,10 +96,11 @@ TRANSIENT_RETRY = dg.RetryPolicy(max_retries=2, delay=5, backoff=dg.Backoff.EXPO
 
 
 def cluster_tags(asset: str) -> dict[str, str]:
-    """The op tags that carry an asset's cluster request (lib/cluster.py): `dagster-ray/config`
+    """The op tags that carry an asset's cluster request (lib/runtime/cluster.py):
+    `dagster-ray/config`
     for dagster-ray's executor, `dagster-k8s/config` for dagster-k8s. The in-process and
     multiprocess executors ignore them, so every profile runs the same definitions."""
-    from mascot_dag.lib.cluster import op_tags
+    from mascot_dag.lib.runtime.cluster import op_tags
 
     return op_tags(asset)
 
@@ -109,3 +110,8 @@ def progress(context: dg.AssetExecutionContext, name: str):
     from mascot_dag.lib.training.callbacks import ProgressLog  # imports transformers
 
     return ProgressLog(context.log.info, name)
+
+
+def nan_if_none(value: float | None) -> float:
+    """A metadata float: NaN where a trainer reported nothing."""
+    return float("nan") if value is None else float(value)

@@ -15,11 +15,11 @@ from mascot_dag.assets.common import (
     counts,
     table_metadata,
 )
-from mascot_dag.lib.home import Home
-from mascot_dag.lib.inbox import incoming_sources
-from mascot_dag.lib.loaders import load_empathetic_dialogues, load_qmsum
-from mascot_dag.lib.split import assign_split_ood, validate_ood
-from mascot_dag.lib.tables import contexts_frame
+from mascot_dag.lib.data import load_empathetic_dialogues, load_qmsum
+from mascot_dag.lib.data.inbox import incoming_sources
+from mascot_dag.lib.data.split import assign_split_ood, validate_ood
+from mascot_dag.lib.storage.home import Home
+from mascot_dag.lib.storage.tables import contexts_frame
 from mascot_dag.resources.settings import LineageSettings
 from mascot_dag.resources.store import DuckDBStore
 

@@ -6,17 +6,13 @@ from types import SimpleNamespace
 import dagster as dg
 import polars.selectors as cs
 
-from mascot_dag.assets.collaboration import (
-    dialogue_config,
-    director_adapter,
-    pick_contexts,
-    rosters,
-)
 from mascot_dag.assets.common import DUCKDB_POOL, TRANSIENT_RETRY, cluster_tags, table_metadata
-from mascot_dag.assets.registry import DIRECTOR_MODEL, attach, attach_personas
+from mascot_dag.assets.queries import pick_contexts, rosters
+from mascot_dag.lib.data.users import load_user_profiles
+from mascot_dag.lib.dialogue.rollout import build_specs
+from mascot_dag.lib.dialogue.spec import config_from_settings
 from mascot_dag.lib.markdown import markdown_table
-from mascot_dag.lib.rollout import build_specs
-from mascot_dag.lib.users import load_user_profiles
+from mascot_dag.registry import DIRECTOR_MODEL, attach, attach_personas
 from mascot_dag.resources.judge import JudgePanelResource
 from mascot_dag.resources.llm import ChatModelResource
 from mascot_dag.resources.settings import LineageSettings
@@ -35,7 +31,7 @@ def training_params(tracking: MLflowResource, version: str) -> dict:
 
 
 @dg.asset(op_tags=cluster_tags("director_comparison"),
-          group_name="collaboration", deps=[director_adapter, "contexts", "persona_adapters",
+          group_name="collaboration", deps=["director_adapter", "contexts", "persona_adapters",
                                              "persona_roster_probe"],
           kinds={"duckdb", "pytorch"}, pool=DUCKDB_POOL, retry_policy=TRANSIENT_RETRY)
 def director_comparison(
@@ -45,10 +41,11 @@ def director_comparison(
     tracking: MLflowResource,
     settings: LineageSettings,
 ) -> dg.MaterializeResult:
-    """Trained vs base director on the same held-out openings and seeds (lib/director_eval.py):
+    """Trained vs base director on the same held-out openings and seeds
+    (lib/stage2/director_eval.py):
     valid-directive, retry and fallback rates, speaker diversity and the group reward, each with
     a paired bootstrap CI over contexts."""
-    from mascot_dag.lib.director_eval import run_comparison, summarise
+    from mascot_dag.lib.stage2.director_eval import run_comparison, summarise
 
     director, version = attach(chat, tracking, DIRECTOR_MODEL)
     if director is None:
@@ -60,7 +57,7 @@ def director_comparison(
         specs += build_specs(contexts, roster, load_user_profiles(), settings.agent_turns,
                              f"{PREFIX}:s{k}", settings.seed + k)
     adapters, versions = attach_personas(chat, tracking, [c.persona_id for c in roster["support"]])
-    config = dialogue_config(settings, persona_adapters=adapters)
+    config = config_from_settings(settings, persona_adapters=adapters)
     # the group reward on the GRPO reward's terms: the panel's training judge
     reward_judge = judges.training()
     rows = run_comparison(specs, chat.backend().generate, config, director, reward_judge,
@@ -93,7 +90,7 @@ def director_comparison(
 def director_not_worse(store: DuckDBStore, settings: LineageSettings) -> dg.AssetCheckResult:
     """Warns (never blocks: the comparison is small at demo sizes) when the trained director is
     significantly worse than the base director on any measured metric."""
-    from mascot_dag.lib.director_eval import regressions, summarise
+    from mascot_dag.lib.stage2.director_eval import regressions, summarise
 
     summary = summarise(store.frame("SELECT * FROM director_comparison"), seed=settings.seed)
     worse = regressions(summary)

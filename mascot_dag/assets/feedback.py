@@ -9,7 +9,7 @@ prompt the agents serve in (`lib.dialogue.opening_agent_messages`) from the supe
 pi_SFT (`policy_sft`), with the candidate prompt style (few-shot by default). With
 `cross_persona_pairs`, persona p's judgments score the candidates of EVERY persona for the train
 contexts AS p, so its pairs can put another persona's voice on the rejected side
-(lib/preferences.py).
+(lib/stage1/preferences.py).
 """
 
 import dagster as dg
@@ -25,15 +25,17 @@ from mascot_dag.assets.common import (
     quiet_backfill_policy_beta,
     table_metadata,
 )
-from mascot_dag.lib.dialogue import opening_agent_messages
+from mascot_dag.assets.queries import load_roster, train_contexts
+from mascot_dag.lib.dialogue.engine import opening_agent_messages
+from mascot_dag.lib.evaluation.stats import describe
 from mascot_dag.lib.judges.agreement import agreement, agreement_markdown
 from mascot_dag.lib.judges.base import ResponseItem
 from mascot_dag.lib.judges.panel import training_judgments
 from mascot_dag.lib.llm.cache import CachedChat
-from mascot_dag.lib.preferences import candidate_id, candidate_seed, make_pairs, mean_scores
-from mascot_dag.lib.stats import describe
-from mascot_dag.lib.tables import card_from_row, context_from_row, score_rows
+from mascot_dag.lib.stage1.preferences import candidate_id, candidate_seed, make_pairs, mean_scores
+from mascot_dag.lib.storage.tables import score_rows
 from mascot_dag.lib.types import ChatRequest, SamplingParams
+from mascot_dag.registry import adapter_runs
 from mascot_dag.resources.judge import JudgePanelResource
 from mascot_dag.resources.llm import ChatModelResource
 from mascot_dag.resources.settings import LineageSettings
@@ -45,38 +47,11 @@ JUDGMENT_SCHEMA = {"target_id": pl.String, "persona_id": pl.String, "judge": pl.
                    "criterion": pl.String, "score": pl.Float64, "rationale": pl.String,
                    "status": pl.String, "raw_output": pl.String}
 
-SOURCE_OF_SET = {"support": "empatheticdialogues", "workplace": "qmsum"}
-
-def persona_set_contexts(store: DuckDBStore, settings: LineageSettings, split: str, limit: int):
-    """Contexts of the trained persona set's source in `split` (limit 0 = all)."""
-    source = SOURCE_OF_SET[settings.train_persona_set]
-    limit_sql = f"LIMIT {int(limit)}" if limit else ""
-    # md5 order: a deterministic sample that mixes valences instead of the first N ids.
-    rows = store.frame(
-        "SELECT * FROM contexts WHERE split = ? AND source = ? "
-        f"ORDER BY md5(context_id) {limit_sql}",
-        [split, source],
-    ).to_dicts()
-    if not rows:
-        raise ValueError(f"no {split} contexts from {source}: materialise `contexts` first")
-    return [context_from_row(r) for r in rows]
-
-
-def train_contexts(store: DuckDBStore, settings: LineageSettings):
-    return persona_set_contexts(store, settings, "train", settings.max_train_contexts)
-
-def load_roster(store: DuckDBStore, persona_set: str):
-    rows = store.frame("SELECT * FROM personas WHERE persona_set = ? ORDER BY persona_id",
-                       [persona_set])
-    if rows.is_empty():
-        raise ValueError(f"no personas of set {persona_set!r}: materialise `persona_cards` first")
-    return [card_from_row(r) for r in rows.to_dicts()]
-
 def policy_adapter(chat: ChatModelResource, tracking, settings: LineageSettings) -> str | None:
     """The chat adapter name of pi_SFT (loaded into the backend), or None for policy_init=base."""
     if settings.policy_init == "base":
         return None
-    from mascot_dag.assets.registry import attach_policy_sft
+    from mascot_dag.registry import attach_policy_sft
 
     return attach_policy_sft(chat, tracking, "policy_init='sft' (or set policy_init='base')")
 
@@ -119,7 +94,8 @@ def candidate_responses(
                                           settings.top_p, seed)
                 requests.append(ChatRequest(messages, sampling, adapter))
                 meta.append((persona, c.context_id, k, seed))
-    cached = CachedChat(chat.backend(), store.db_path, chat.model_name)
+    cached = CachedChat(chat.backend(), store.db_path, chat.model_name,
+                        adapter_runs(tracking, [adapter]))
     results = cached.generate(requests)
     df = pl.DataFrame(
         [
@@ -220,7 +196,7 @@ def persona_preference_pairs(
     settings: LineageSettings,
 ) -> dg.MaterializeResult:
     """Chosen/rejected pairs of one context for each persona of the run, persona-weighted score
-    gap >= delta (lib/preferences.py: the pool holds every persona's candidates with
+    gap >= delta (lib/stage1/preferences.py: the pool holds every persona's candidates with
     cross_persona_pairs), ranked on the panel's training judge (lib/judges/panel.py)."""
     personas = context.partition_keys
     which = "" if settings.cross_persona_pairs else "WHERE persona_id = ?"

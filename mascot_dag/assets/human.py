@@ -17,7 +17,7 @@ from mascot_dag.resources.store import DuckDBStore
 def human_ratings(store: DuckDBStore) -> dg.MaterializeResult:
     """Blind three-way human ratings (`human_ratings`, `human_choices`): counts, per-method means,
     Krippendorff's alpha per criterion."""
-    from mascot_dag.lib.human_stats import method_means, rater_agreement
+    from mascot_dag.lib.evaluation.human_stats import method_means, rater_agreement
 
     ratings = store.frame("SELECT * FROM human_ratings ORDER BY item_id, rater, shown_position")
     choices = store.frame("SELECT * FROM human_choices")

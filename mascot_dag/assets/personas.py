@@ -10,14 +10,14 @@ from mascot_dag.assets.common import (
     counts,
     table_metadata,
 )
-from mascot_dag.lib.personas import (
+from mascot_dag.lib.data.personas import (
     PERSONA_DIR,
     PROMPT_STYLES,
     load_persona_file,
     personas_of_set,
     system_prompt,
 )
-from mascot_dag.lib.tables import card_from_row, personas_frame
+from mascot_dag.lib.storage.tables import card_from_row, personas_frame
 from mascot_dag.resources.store import DuckDBStore
 
 

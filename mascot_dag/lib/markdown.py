@@ -4,11 +4,9 @@ row (`report_sections.md_table`)."""
 
 from __future__ import annotations
 
-from mascot_dag.lib.frames import to_polars
-
 
 def markdown_table(df, width: int = 0) -> str:
-    """A markdown table of a polars (or pandas) frame; text cells over `width` (> 0) are cut,
+    """A markdown table of a polars frame; text cells over `width` (> 0) are cut,
     floats printed like tabulate's default (`g`), pipes and newlines escaped."""
     def cell(v) -> str:
         if v is None:
@@ -20,7 +18,6 @@ def markdown_table(df, width: int = 0) -> str:
             text = text[: width - 1] + "…"
         return text.replace("|", "\\|").replace("\n", " ")
 
-    df = to_polars(df)
     lines = ["| " + " | ".join(df.columns) + " |", "|" + "|".join("---" for _ in df.columns) + "|"]
     lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in df.rows()]
     return "\n".join(lines)
@@ -34,7 +31,6 @@ def text_table(df) -> str:
             return "NULL"
         return str(round(v, 6)) if isinstance(v, float) else str(v).replace("\n", " ")
 
-    df = to_polars(df)
     rows = [list(df.columns)] + [[cell(v) for v in row] for row in df.rows()]
     widths = [max(len(r[i]) for r in rows) for i in range(len(df.columns))]
     return "\n".join("  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in rows)

@@ -15,7 +15,7 @@ from typing import Any
 import dagster as dg
 from pydantic import Field, PrivateAttr
 
-from mascot_dag.lib.models import EMBEDDED_MODEL
+from mascot_dag.lib.llm.models import EMBEDDED_MODEL
 from mascot_dag.lib.types import ChatRequest, ChatResult
 
 
@@ -45,7 +45,7 @@ class ChatModelResource(dg.ConfigurableResource):
 
 
 def _models_dir(configured: str) -> str:
-    from mascot_dag.lib.home import Home
+    from mascot_dag.lib.storage.home import Home
 
     return configured or str(Home.from_env().models)
 
@@ -201,22 +201,6 @@ def _shared_vllm(model: str, models_dir: str, gpu_memory_utilization: float, max
 
 
 ENGINES = ("vllm", "transformers")
-
-
-def local_chat(engine: str | None = None) -> ChatModelResource:
-    """The embedded model on this machine for `mascot chat` (terminal and page): vLLM's engine
-    (None: when installed), as `mascot serve` uses (1.4 s to the first streamed token against
-    3.7 s for transformers, scripts/bench_generation.py), or the transformers backend (starts in
-    ~9 s instead of ~30-55 s; a machine without vllm)."""
-    if engine is None:
-        from mascot_dag.lib.llm.vllm_backend import vllm_installed
-
-        engine = "vllm" if vllm_installed() else "transformers"
-    if engine == "vllm":
-        return VLLMChatResource()
-    if engine == "transformers":
-        return TransformersChatResource()
-    raise ValueError(f"engine {engine!r}: expected one of {', '.join(ENGINES)}")
 
 
 def close_shared_vllm() -> None:

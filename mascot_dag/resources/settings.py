@@ -217,7 +217,7 @@ class LineageSettings(dg.ConfigurableResource):
     @field_validator("gate_criteria")
     @classmethod
     def _known_gate_criteria(cls, v: list[str]) -> list[str]:
-        from mascot_dag.lib.champion import check_gate_criteria
+        from mascot_dag.lib.evaluation.champion import check_gate_criteria
 
         check_gate_criteria(v)  # a typo fails at configuration, not after hours of evaluation
         return v

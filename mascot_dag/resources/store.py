@@ -8,15 +8,15 @@ import dagster as dg
 import polars as pl
 from pydantic import Field
 
-from mascot_dag.lib import db
-from mascot_dag.lib.home import Home
+from mascot_dag.lib.storage import db
+from mascot_dag.lib.storage.home import Home
 
 
 class DuckDBStore(dg.ConfigurableResource):
     """Every asset writes its table through `replace`: one transaction per asset or partition.
 
-    Writes take polars DataFrames (a pandas one, e.g. a test fixture, is converted through
-    Arrow); `frame` reads into polars (docs/DESIGN.md "Dataframes")."""
+    Writes take polars DataFrames (through Arrow); `frame` reads into polars (docs/DESIGN.md
+    "Dataframes")."""
 
     path: str = Field(
         default="",

@@ -1,6 +1,7 @@
 """The MLflow resource: tracking runs, adapter artifacts and the model registry of the lineage.
 
-Configuration only; the work happens in `mascot_dag.lib.tracking`. Defaults put MLflow's sqlite
+Configuration only; the work happens in `mascot_dag.lib.storage.tracking`. Defaults put MLflow's
+sqlite
 store and artifact folder under MASCOT_HOME, so one home folder holds everything.
 """
 
@@ -14,8 +15,8 @@ from typing import Any
 import dagster as dg
 from pydantic import Field, PrivateAttr
 
-from mascot_dag.lib import tracking
-from mascot_dag.lib.home import Home
+from mascot_dag.lib.storage import tracking
+from mascot_dag.lib.storage.home import Home
 
 RUN_TAG = "mascot.dagster_run_id"
 STEP_TAG = "mascot.step"
@@ -109,6 +110,12 @@ class MLflowResource(dg.ConfigurableResource):
     ) -> int:
         return tracking.log_curve(name, points, run_id)
 
+    def log_curves(self, curves: dict[str, Sequence[tuple[int, float]]]) -> None:
+        """Every non-empty curve of a training run, each as a metric history."""
+        for name, points in curves.items():
+            if points:
+                self.log_curve(name, points)
+
     def log_adapter(self, adapter_dir: str | Path, artifact_path: str = "adapter") -> str:
         return tracking.log_adapter(adapter_dir, artifact_path)
 
@@ -141,6 +148,10 @@ class MLflowResource(dg.ConfigurableResource):
     def version_run_params(self, model_name: str, version: str | int) -> dict[str, str]:
         self.configure()
         return tracking.version_run_params(model_name, version)
+
+    def version_run_id(self, model_name: str, version: str | int) -> str:
+        self.configure()
+        return tracking.version_run_id(model_name, version)
 
     def download_adapter(self, model_uri: str, dst: str | Path) -> Path:
         self.configure()

@@ -26,7 +26,8 @@ from fastapi import FastAPI, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse
 
-from mascot_dag.lib.chat import (
+from mascot_dag.lib.data.personas import PersonaCard
+from mascot_dag.lib.dialogue.chat import (
     MAX_MESSAGE_CHARS,
     MAX_USER_MESSAGES,
     ROSTER_MODES,
@@ -38,8 +39,7 @@ from mascot_dag.lib.chat import (
     check_message,
     version_label,
 )
-from mascot_dag.lib.dialogue import ChatFn, DialogueConfig
-from mascot_dag.lib.personas import PersonaCard
+from mascot_dag.lib.dialogue.spec import ChatFn, DialogueConfig
 from mascot_dag.web.forms import FormError, read_form
 
 COOKIE = "mascot_chat"
@@ -71,44 +71,30 @@ class ChatGroup:
 
 def load_group(
     alias: str = "champion",
-    max_new_tokens: int = 48,
-    agents_per_round: int = 2,
-    director_max_new_tokens: int = 48,
+    max_new_tokens: int | None = None,
+    agents_per_round: int | None = None,
+    director_max_new_tokens: int | None = None,
     engine: str | None = None,
+    profile: str | None = None,
 ) -> ChatGroup:
-    """The embedded model with the `alias` versions from MLflow (base + persona prompts where a
-    persona has none), for both rosters, on `engine` (`resources.llm.local_chat`)."""
-    from mascot_dag.assets.registry import (
-        DIRECTOR_MODEL,
-        attach,
-        attach_personas,
-        persona_model,
-    )
-    from mascot_dag.lib.personas import load_personas, personas_of_set
-    from mascot_dag.resources.llm import local_chat
-    from mascot_dag.resources.tracking import MLflowResource
+    """Both rosters with the `alias` versions from MLflow (base + persona prompts where a persona
+    has none), as the profile's evaluation runs them (`mascot_dag.companions`); None options keep
+    the profile's settings, `engine` runs the profile's model on another local engine."""
+    from mascot_dag.companions import load_companions
+    from mascot_dag.lib.data.personas import load_personas, personas_of_set
+    from mascot_dag.registry import DIRECTOR_MODEL, persona_model
 
     cards = load_personas()
     rosters = {s: personas_of_set(cards, s) for s in ROSTER_MODES}
-    llm, tracking = local_chat(engine), MLflowResource()
     ids = [c.persona_id for cs in rosters.values() for c in cs]
-    adapters, versions = attach_personas(llm, tracking, ids, alias)
-    director, director_version = attach(llm, tracking, DIRECTOR_MODEL, alias)
-    labels = {p: version_label(persona_model(p), versions.get(p), alias) for p in ids}
-    config = DialogueConfig(
-        persona_adapters=adapters,
-        director_adapter=director,
-        max_new_tokens_agent=max_new_tokens,
-        max_new_tokens_director=director_max_new_tokens,
-        agents_per_round=agents_per_round,
-    )
-    director_label = (
-        version_label(DIRECTOR_MODEL, director_version, alias)
-        if director_version
-        else "base director"
-    )
-    llm.backend()  # load the model now, not on the first message
-    return ChatGroup(rosters, llm.generate, config, labels, director_label)
+    group = load_companions(ids, alias, engine, profile, max_new_tokens_agent=max_new_tokens,
+                            agents_per_round=agents_per_round,
+                            max_new_tokens_director=director_max_new_tokens)
+    labels = {p: version_label(persona_model(p), group.versions.get(p), alias) for p in ids}
+    director_label = (version_label(DIRECTOR_MODEL, group.director_version, alias)
+                      if group.director_version else "base director")
+    group.chat.backend()  # load the model now, not on the first message
+    return ChatGroup(rosters, group.chat.generate, group.config, labels, director_label)
 
 
 class _Page(Exception):

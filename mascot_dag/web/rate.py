@@ -2,7 +2,8 @@
 
 FastAPI + uvicorn on 127.0.0.1, server-rendered HTML, no JavaScript. The rater gives a name or
 token once (it travels as `?rater=` and as a hidden field); the item page shows the context and
-three dialogues labelled A, B, C in the rater's own shuffled order (lib/human.py), then one row
+three dialogues labelled A, B, C in the rater's own shuffled order (lib/evaluation/human.py), then
+one row
 per criterion with its definition beside a 1-5 radio scale for each dialogue, and "which is
 best". A POST is validated as a whole (every problem named, status 422; unknown item 404; a body
 over MAX_BODY_BYTES 413) and stored in one DuckDB transaction that replaces the rater's earlier
@@ -26,8 +27,8 @@ from fastapi import FastAPI, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import HTMLResponse, JSONResponse
 
-from mascot_dag.lib import db
-from mascot_dag.lib import human as H
+from mascot_dag.lib.evaluation import human as H
+from mascot_dag.lib.storage import db
 from mascot_dag.web.forms import FormError, read_form
 
 MAX_BODY_BYTES = 32 * 1024  # a full form is ~1.5 KB plus a comment of <= 2000 characters

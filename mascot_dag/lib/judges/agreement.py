@@ -19,8 +19,6 @@ from itertools import combinations
 import numpy as np
 import polars as pl
 
-from mascot_dag.lib.frames import to_polars
-
 COLUMNS = ["judge_a", "judge_b", "criterion", "n", "rho", "note"]
 SCHEMA = dict(zip(COLUMNS, [pl.String, pl.String, pl.String, pl.Int64, pl.Float64, pl.String],
                   strict=True))
@@ -54,7 +52,6 @@ def agreement(
     >>> (r["criterion"], r["n"], r["rho"])
     ('c', 3, 1.0)
     """
-    scores = to_polars(scores)
     missing = [c for c in [*item_keys, value, judge, criterion] if c not in scores.columns]
     if missing:
         raise ValueError(f"agreement: score table lacks column(s) {missing}; it has "

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
-from mascot_dag.lib.personas import PersonaCard
+from mascot_dag.lib.data.personas import PersonaCard
 from mascot_dag.lib.types import Score
 
 USER_SPEAKER = "user"

@@ -1,26 +1,50 @@
 """Collective (block-level) scores of the embedded judge: the 4 COLLECTIVE_CRITERIA of one dialogue.
 
-Separate from embedded.py only to keep files short; it uses the judge's cached embeddings and
-persona centroids. Fidelity here is a block-level measurement (`block_fidelity`: each speaker's
-block text against its card AND against the other speakers), not the mean of the agent-level
-per-turn consistency. Formulas are on [0, 1] and mapped to 1 + 4x; rationales carry the raw
-numbers.
+It reads texts through an `EmbeddingSpace` (the embedded judge's cached embeddings and persona
+centroids; `embedded.EmbeddedJudge` is one) and calibrates on the same scales (`scales`).
+Fidelity here is a block-level measurement (`block_fidelity`: each speaker's block text against
+its card AND against the other speakers), not the mean of the agent-level per-turn consistency.
+Formulas are on [0, 1] and mapped to 1 + 4x; rationales carry the raw numbers.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
+import numpy as np
+
+from mascot_dag.lib.data.personas import PersonaCard
 from mascot_dag.lib.judges import features as F
 from mascot_dag.lib.judges.base import USER_SPEAKER, BlockItem
+from mascot_dag.lib.judges.scales import (
+    ECHO_COS,
+    GATE_HI,
+    GATE_LO,
+    GENERIC_ASSISTANT,
+    MARGIN_SCALE,
+    REL_HI,
+    REL_LO,
+    clip01,
+    ramp,
+    to_score,
+    unit,
+)
 from mascot_dag.lib.types import COLLECTIVE_CRITERIA, Score
 
-if TYPE_CHECKING:
-    from mascot_dag.lib.judges.embedded import EmbeddedJudge
+
+class EmbeddingSpace(Protocol):
+    """What the block scorer reads texts through (`embedded.EmbeddedJudge`)."""
+
+    def vector(self, text: str) -> np.ndarray: ...
+
+    def cos(self, a: str, b: str) -> float: ...
+
+    def novelty(self, text: str, earlier: list[str], ctx: str) -> float: ...
+
+    def persona(self, card: PersonaCard) -> Any: ...  # .centroid: the card's unit vector
 
 
-def score_block(judge: EmbeddedJudge, item: BlockItem, ctx: str) -> list[Score]:
-    from mascot_dag.lib.judges.embedded import ECHO_COS, REL_HI, REL_LO, _ramp, _to_score
+def score_block(judge: EmbeddingSpace, item: BlockItem, ctx: str) -> list[Score]:
 
     raw = [(str(t.get("speaker", "")), str(t.get("text", ""))) for t in item.turns]
     # features on the text without sentences addressed to the evaluator; those mark the turn broken
@@ -28,11 +52,11 @@ def score_block(judge: EmbeddedJudge, item: BlockItem, ctx: str) -> list[Score]:
     agent_idx = [i for i, (s, _) in enumerate(turns) if s != USER_SPEAKER]
     if not agent_idx:
         return [
-            _to_score(c, 0.0, "no agent turns: every criterion is 1") for c in COLLECTIVE_CRITERIA
+            to_score(c, 0.0, "no agent turns: every criterion is 1") for c in COLLECTIVE_CRITERIA
         ]
     cards = {c.persona_id: c for c in item.roster}
     texts = [t for _, t in turns]
-    cos = judge._cos
+    cos = judge.cos
 
     fids, novs, specs, rels, contrib, echoes, missing = [], [], [], [], [], 0, set()
     broken_idx: set[int] = set()
@@ -55,10 +79,10 @@ def score_block(judge: EmbeddedJudge, item: BlockItem, ctx: str) -> list[Score]:
             broken_idx.update({i} if broken else set())
         else:
             missing.add(speaker)
-        novs.append(judge._novelty(text, [e for e in earlier if e.strip()], ctx))
+        novs.append(judge.novelty(text, [e for e in earlier if e.strip()], ctx))
         # specificity: shares at least 2 content words with the context (names, objects, events)
         specs.append(min(1.0, len(F.content_words(text) & ctx_words) / 2))
-        rels.append(_ramp(cos(text, ctx), REL_LO, REL_HI))
+        rels.append(ramp(cos(text, ctx), REL_LO, REL_HI))
         echo = any(cos(text, e) > ECHO_COS for e in earlier if e.strip())
         echoes += echo
         seen = ctx_words.union(*(F.content_words(e) for e in earlier))
@@ -72,7 +96,7 @@ def score_block(judge: EmbeddedJudge, item: BlockItem, ctx: str) -> list[Score]:
     if fids:
         note = f"; no card for {sorted(missing)}" if missing else ""
         value, why = block_fidelity(judge, turns, fids, broken_idx, cards, item.roster, ctx)
-        out.append(_to_score("fidelity", value, why + note))
+        out.append(to_score("fidelity", value, why + note))
     else:
         out.append(
             Score(
@@ -85,7 +109,7 @@ def score_block(judge: EmbeddedJudge, item: BlockItem, ctx: str) -> list[Score]:
     nov, spec = sum(novs) / n, sum(specs) / n
     d2 = F.distinct_n(" \n ".join(texts[i] for i in agent_idx), 2)
     out.append(
-        _to_score(
+        to_score(
             "originality_specificity",
             0.4 * nov + 0.3 * d2 + 0.3 * spec,
             f"novelty={nov:.3f} distinct2={d2:.3f} specificity={spec:.3f}",
@@ -100,9 +124,9 @@ def score_block(judge: EmbeddedJudge, item: BlockItem, ctx: str) -> list[Score]:
         for i in range(1, len(texts))
         if texts[i - 1].strip() and texts[i].strip()
     ]
-    coh = sum(_ramp(cos(a, b), 0.05, 0.5) for a, b in pairs) / len(pairs) if pairs else rel
+    coh = sum(ramp(cos(a, b), 0.05, 0.5) for a, b in pairs) / len(pairs) if pairs else rel
     out.append(
-        _to_score(
+        to_score(
             "relevance_coherence", 0.6 * rel + 0.4 * coh, f"relevance={rel:.3f} coherence={coh:.3f}"
         )
     )
@@ -112,7 +136,7 @@ def score_block(judge: EmbeddedJudge, item: BlockItem, ctx: str) -> list[Score]:
     speakers = {turns[i][0] for i in agent_idx}
     coverage = min(1.0, len(speakers) / len(cards)) if cards else 1.0
     out.append(
-        _to_score(
+        to_score(
             "engagement_contribution",
             0.8 * frac + 0.2 * coverage,
             f"contributing={sum(contrib)}/{n} echoes={echoes} coverage={coverage:.2f}",
@@ -124,7 +148,7 @@ def score_block(judge: EmbeddedJudge, item: BlockItem, ctx: str) -> list[Score]:
 DISTINCT_LO, DISTINCT_HI = 0.6, 0.95  # cos of two speakers' block texts: 0.95+ = same voice
 
 
-def block_fidelity(judge: EmbeddedJudge, turns: list[tuple[str, str]], idx: list[int],
+def block_fidelity(judge: EmbeddingSpace, turns: list[tuple[str, str]], idx: list[int],
                    broken: set[int], cards: dict, roster: list, ctx: str) -> tuple[float, str]:
     """Collective Fidelity of one block on [0, 1]: does each speaker stay true to its own card
     ACROSS the block, and distinct from the OTHER speakers in it?
@@ -140,49 +164,37 @@ def block_fidelity(judge: EmbeddedJudge, turns: list[tuple[str, str]], idx: list
     turn, read alone, fits its card.
     value = mean card_s with one speaker; else 0.5 mean card_s + 0.5 mean pair.
     """
-    import numpy as np
-
-    from mascot_dag.lib.judges.embedded import (
-        GATE_HI,
-        GATE_LO,
-        GENERIC_ASSISTANT,
-        MARGIN_SCALE,
-        _clip01,
-        _ramp,
-        _unit,
-    )
-
     by_speaker: dict[str, list[int]] = {}
     for i in idx:
         by_speaker.setdefault(turns[i][0], []).append(i)
     vecs, card_parts = {}, []
-    ctx_v = judge._v(ctx)
+    ctx_v = judge.vector(ctx)
     for s, ii in by_speaker.items():
         valid = [turns[i][1] for i in ii if turns[i][1].strip() and i not in broken]
         if not valid:
             card_parts.append(0.0)
             continue
-        v = _unit(np.mean([judge._v(t) for t in valid], axis=0))
+        v = unit(np.mean([judge.vector(t) for t in valid], axis=0))
         vecs[s] = v
-        p = judge._persona(cards[s])
+        p = judge.persona(cards[s])
         others = [c for c in roster if c.persona_id != s]
-        other = (max(float(v @ judge._persona(c).centroid) for c in others) if others
-                 else max(float(v @ judge._v(g)) for g in GENERIC_ASSISTANT))
-        fid = _clip01(0.5 + (float(v @ p.centroid) - other) / (2 * MARGIN_SCALE))
-        gate = _ramp(float(v @ ctx_v), GATE_LO, GATE_HI)
+        other = (max(float(v @ judge.persona(c).centroid) for c in others) if others
+                 else max(float(v @ judge.vector(g)) for g in GENERIC_ASSISTANT))
+        fid = clip01(0.5 + (float(v @ p.centroid) - other) / (2 * MARGIN_SCALE))
+        gate = ramp(float(v @ ctx_v), GATE_LO, GATE_HI)
         copy = min(0.6, 0.15 * sum(F.copied_grams(t, p.grams) for t in valid) / len(valid))
-        card_parts.append(_clip01(fid * (0.1 + 0.9 * gate) - copy) * len(valid) / len(ii))
+        card_parts.append(clip01(fid * (0.1 + 0.9 * gate) - copy) * len(valid) / len(ii))
     card = sum(card_parts) / len(card_parts)
     speakers = sorted(vecs)
     pairs, seps, sims = [], [], []
     for a in range(len(speakers)):
         for b in range(a + 1, len(speakers)):
             s, t = speakers[a], speakers[b]
-            cs, ct = judge._persona(cards[s]).centroid, judge._persona(cards[t]).centroid
+            cs, ct = judge.persona(cards[s]).centroid, judge.persona(cards[t]).centroid
             swap = (float(vecs[s] @ cs - vecs[s] @ ct) + float(vecs[t] @ ct - vecs[t] @ cs)) / 2
-            sep = _clip01(0.5 + swap / (2 * MARGIN_SCALE))
+            sep = clip01(0.5 + swap / (2 * MARGIN_SCALE))
             sim = float(vecs[s] @ vecs[t])
-            pairs.append(sep * (1.0 - _ramp(sim, DISTINCT_LO, DISTINCT_HI)))
+            pairs.append(sep * (1.0 - ramp(sim, DISTINCT_LO, DISTINCT_HI)))
             seps.append(sep)
             sims.append(sim)
     if not pairs:

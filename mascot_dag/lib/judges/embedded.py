@@ -19,14 +19,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from mascot_dag.lib.data.personas import PersonaCard
 from mascot_dag.lib.judges import features as F
 from mascot_dag.lib.judges.base import BlockItem, ResponseItem, mean_score
-from mascot_dag.lib.personas import PersonaCard
 from mascot_dag.lib.types import AGENT_CRITERIA, Score
 
 _MODELS: dict[str, object] = {}  # one SentenceTransformer per device for the whole process
-
-ECHO_COS = 0.9  # a turn this close to an earlier one repeats it (paraphrase level for MiniLM)
 
 # ESConv support strategies (question, restatement, reflection, self-disclosure, affirmation,
 # suggestion, information) as generic cues, written for this judge.
@@ -39,29 +37,18 @@ SUPPORT_CUES = (
     "One small step that might help is to talk to someone you trust about it.",
     "I went through something similar once, and it took time to feel better.",
 )
-GENERIC_ASSISTANT = (  # the default register the personas must stand out from, if alone
-    "I'm sorry to hear that. It's important to take care of yourself and reach out for help.",
+from mascot_dag.lib.judges.scales import (  # noqa: E402
+    GATE_HI,
+    GATE_LO,
+    GENERIC_ASSISTANT,
+    MARGIN_SCALE,
+    REL_HI,
+    REL_LO,
+    clip01,
+    ramp,
+    to_score,
+    unit,
 )
-
-
-def _clip01(x: float) -> float:
-    return float(min(1.0, max(0.0, x)))
-
-
-def _ramp(x: float, lo: float, hi: float) -> float:
-    """Linear map of x from [lo, hi] onto [0, 1], clipped."""
-    return _clip01((x - lo) / (hi - lo))
-
-
-# Calibration of MiniLM cosines (measured on ED situations, see tests/test_judges.py):
-# on-topic replies sit at ~0.3-0.6 to their situation, replies to another situation at ~0-0.15.
-REL_LO, REL_HI = 0.05, 0.6  # relevance score: cos 0.05 -> 0, 0.6 -> 1
-GATE_LO, GATE_HI = 0.05, 0.35  # relevance gate for fidelity and others: on topic from cos 0.35
-MARGIN_SCALE = 0.2  # fidelity: margin -0.2 -> 0, 0 (tie with the closest other) -> 0.5, +0.2 -> 1
-
-
-def _to_score(criterion: str, x: float, why: str) -> Score:
-    return Score(criterion=criterion, score=round(1.0 + 4.0 * _clip01(x), 4), rationale=why)
 
 
 @dataclass
@@ -114,18 +101,18 @@ class EmbeddedJudge:
             )
             self._vecs.update(zip(group, np.asarray(vecs, dtype=np.float32), strict=True))
 
-    def _v(self, text: str) -> np.ndarray:
+    def vector(self, text: str) -> np.ndarray:
         return self._vecs[text]
 
-    def _cos(self, a: str, b: str) -> float:
-        return float(self._v(a) @ self._v(b))
+    def cos(self, a: str, b: str) -> float:
+        return float(self.vector(a) @ self.vector(b))
 
-    def _persona(self, card: PersonaCard) -> _Persona:
+    def persona(self, card: PersonaCard) -> _Persona:
         key = card.model_dump_json()
         if key not in self._personas:
             self._personas[key] = _Persona(
-                centroid=_unit(np.mean([self._v(t) for t in _card_texts(card)], axis=0)),
-                examples=np.stack([self._v(t) for t in card.examples]),
+                centroid=unit(np.mean([self.vector(t) for t in _card_texts(card)], axis=0)),
+                examples=np.stack([self.vector(t) for t in card.examples]),
                 grams=F.card_grams(card),
             )
         return self._personas[key]
@@ -145,19 +132,19 @@ class EmbeddedJudge:
                  card (an appended card sentence shares ~6+, an incidental phrase 1-2)
         value  = fid * (0.1 + 0.9 * gate) - copy               (clipped to [0, 1])
         """
-        v = self._v(text)
-        own = float(v @ self._persona(card).centroid)
+        v = self.vector(text)
+        own = float(v @ self.persona(card).centroid)
         others = [c for c in roster if c.persona_id != card.persona_id]
         if others:
-            other = max(float(v @ self._persona(c).centroid) for c in others)
+            other = max(float(v @ self.persona(c).centroid) for c in others)
         else:  # alone: stand out from the generic assistant register instead
-            other = max(self._cos(text, g) for g in GENERIC_ASSISTANT)
-        rel = self._cos(text, ctx)
-        gate = _ramp(rel, GATE_LO, GATE_HI)
-        fid = _clip01(0.5 + (own - other) / (2 * MARGIN_SCALE))
-        n_copied = F.copied_grams(text, self._persona(card).grams)
+            other = max(self.cos(text, g) for g in GENERIC_ASSISTANT)
+        rel = self.cos(text, ctx)
+        gate = ramp(rel, GATE_LO, GATE_HI)
+        fid = clip01(0.5 + (own - other) / (2 * MARGIN_SCALE))
+        n_copied = F.copied_grams(text, self.persona(card).grams)
         copy = min(0.6, 0.15 * n_copied)
-        value = _clip01(fid * (0.1 + 0.9 * gate) - copy)
+        value = clip01(fid * (0.1 + 0.9 * gate) - copy)
         return {
             "own": own,
             "other": other,
@@ -169,11 +156,11 @@ class EmbeddedJudge:
             "value": value,
         }
 
-    def _novelty(self, text: str, earlier: list[str], ctx: str) -> float:
+    def novelty(self, text: str, earlier: list[str], ctx: str) -> float:
         """1 - max cos to earlier turns; with none, only parroting the context (cos > 0.7) costs."""
         if earlier:
-            return _clip01(1.0 - max(self._cos(text, e) for e in earlier))
-        return 1.0 - _ramp(self._cos(text, ctx), 0.7, 1.0)
+            return clip01(1.0 - max(self.cos(text, e) for e in earlier))
+        return 1.0 - ramp(self.cos(text, ctx), 0.7, 1.0)
 
     # ---- agent-level ------------------------------------------------------------------------
     def score_responses(self, items: list[ResponseItem]) -> list[list[Score]]:
@@ -192,11 +179,11 @@ class EmbeddedJudge:
     def _score_response(self, it: ResponseItem, text: str, ctx: str) -> list[Score]:
         if not text.strip():
             return [
-                _to_score(c, 0.0, "empty response: every criterion is 1") for c in AGENT_CRITERIA
+                to_score(c, 0.0, "empty response: every criterion is 1") for c in AGENT_CRITERIA
             ]
         fid = self._fidelity(text, it.persona, it.roster, ctx)
         rel, gate = fid["rel"], fid["gate"]
-        rel01 = _ramp(rel, REL_LO, REL_HI)
+        rel01 = ramp(rel, REL_LO, REL_HI)
         x: dict[str, float] = {}
         why: dict[str, str] = {}
 
@@ -215,10 +202,10 @@ class EmbeddedJudge:
 
         # empathetic_support_quality = (0.35 ramp(max cos own examples, .15, .6) + 0.35 ramp(max cos
         #   generic support cues, .15, .6) + 0.3 relevance) * (0.4 + 0.6 gate) - copy / 2
-        ex = float(np.max(self._persona(it.persona).examples @ self._v(text)))
-        sup = max(self._cos(text, c) for c in SUPPORT_CUES)
+        ex = float(np.max(self.persona(it.persona).examples @ self.vector(text)))
+        sup = max(self.cos(text, c) for c in SUPPORT_CUES)
         x["empathetic_support_quality"] = (
-            0.35 * _ramp(ex, 0.15, 0.6) + 0.35 * _ramp(sup, 0.15, 0.6) + 0.3 * rel01
+            0.35 * ramp(ex, 0.15, 0.6) + 0.35 * ramp(sup, 0.15, 0.6) + 0.3 * rel01
         ) * (0.4 + 0.6 * gate) - fid["copy"] / 2
         why["empathetic_support_quality"] = (
             f"cos_own_examples={ex:.3f} cos_support_cues={sup:.3f} cos_context={rel:.3f} "
@@ -236,7 +223,7 @@ class EmbeddedJudge:
 
         # social_contribution = (0.45 novelty + 0.25 distinct-2 + 0.3 min(1, new words / 10))
         #   * (0.4 + 0.6 gate); new words = content words absent from the context and history
-        nov = self._novelty(text, it.history, ctx)
+        nov = self.novelty(text, it.history, ctx)
         d2 = F.distinct_n(text, 2)
         seen = F.content_words(ctx).union(*(F.content_words(h) for h in it.history))
         new = len(F.content_words(text) - seen)
@@ -250,10 +237,10 @@ class EmbeddedJudge:
         )
         out = []
         for c in AGENT_CRITERIA:
-            value = min(_clip01(x[c]), caps.get(c, caps.get("*", 1.0)))
+            value = min(clip01(x[c]), caps.get(c, caps.get("*", 1.0)))
             if "long" in caps:
                 value = max(0.0, value - caps["long"])
-            out.append(_to_score(c, value, why[c] + "".join(f"; {n}" for n in notes)))
+            out.append(to_score(c, value, why[c] + "".join(f"; {n}" for n in notes)))
         return out
 
     # ---- collective -------------------------------------------------------------------------
@@ -292,17 +279,13 @@ class EmbeddedJudge:
 
     def _cards(self) -> list[PersonaCard]:
         if self._known_cards is None:
-            from mascot_dag.lib.personas import PersonaFileError, load_personas
+            from mascot_dag.lib.data.personas import PersonaFileError, load_personas
 
             try:
                 self._known_cards = load_personas()
             except PersonaFileError:
                 self._known_cards = []
         return self._known_cards
-
-
-def _unit(v: np.ndarray) -> np.ndarray:
-    return v / (np.linalg.norm(v) or 1.0)
 
 
 def _card_texts(card: PersonaCard) -> list[str]:

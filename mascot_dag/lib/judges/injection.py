@@ -173,11 +173,6 @@ def _span(text: str, m: re.Match) -> tuple[int, int]:
     return start, m.end() + (min(ends) if ends else len(rest))
 
 
-def find_judge_directed(text: str) -> list[str]:
-    """The instruction spans in text, in order of removal (empty for ordinary text)."""
-    return strip_spans(text)[1]
-
-
 def strip_spans(text: str, max_spans: int = 20) -> tuple[str, list[str]]:
     """(text without instructions to the evaluator, the removed spans). Ordinary text comes back
     unchanged to the byte; after a removal whitespace is tidied (one space, single newlines)."""

@@ -19,7 +19,7 @@ lower index; an option without agent turns cannot win; None when no option can b
 
 from __future__ import annotations
 
-from mascot_dag.lib.metrics import distinct_n, redundancy_lexical
+from mascot_dag.lib.evaluation.metrics import distinct_n, redundancy_lexical
 
 USER = "user"
 
@@ -34,7 +34,7 @@ class MetricPicker:
 
     def _classifier(self, speakers: set[str]):
         """The reference classifier of the persona set that knows most of these speakers."""
-        from mascot_dag.lib.probe import ReferenceClassifier
+        from mascot_dag.lib.stage1.probe import ReferenceClassifier
 
         for s in self.persona_sets:
             if s not in self._classifiers:

@@ -19,7 +19,6 @@ from collections.abc import Sequence
 
 import polars as pl
 
-from mascot_dag.lib.frames import to_polars
 from mascot_dag.lib.judges.base import BlockItem, Judge, ResponseItem
 from mascot_dag.lib.types import Score
 
@@ -96,10 +95,9 @@ def training_judge(judges: Sequence[Judge], rule: str = MEAN) -> Judge:
 
 
 def training_judgments(judgments, rule: str = MEAN):
-    """The `judgments` rows training ranks on (polars; a pandas input is converted):
+    """The `judgments` rows training ranks on (polars):
     every judge's for "mean" (lib.preferences averages each criterion over judges first), else
     only the named judge's."""
-    judgments = to_polars(judgments)
     if rule == MEAN:
         return judgments
     return judgments.filter(pl.col("judge") == rule)

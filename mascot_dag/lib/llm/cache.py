@@ -15,8 +15,8 @@ from dataclasses import asdict, replace
 
 import polars as pl
 
-from mascot_dag.lib.db import connect, upsert_rows
 from mascot_dag.lib.llm import ChatBackend, validate_requests
+from mascot_dag.lib.storage.db import connect, upsert_rows
 from mascot_dag.lib.types import ChatRequest, ChatResult
 
 

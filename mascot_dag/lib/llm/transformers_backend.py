@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from mascot_dag.lib.llm import ChatBackendError, validate_requests
-from mascot_dag.lib.models import EMBEDDED_MODEL, resolve_model
+from mascot_dag.lib.llm.models import EMBEDDED_MODEL, resolve_model
 from mascot_dag.lib.types import ChatRequest, ChatResult
 
 # Longer prompts are cut from the LEFT (oldest turns go first, the latest turn always stays).

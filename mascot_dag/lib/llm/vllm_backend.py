@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from mascot_dag.lib.llm import ChatBackendError, validate_requests
-from mascot_dag.lib.models import resolve_model
+from mascot_dag.lib.llm.models import resolve_model
 from mascot_dag.lib.types import ChatRequest, ChatResult
 
 # The KV cache vLLM's CPU build reserves (GiB), unless VLLM_CPU_KVCACHE_SPACE says otherwise.
@@ -218,7 +218,7 @@ class VLLMChat:
             raise ChatBackendError(INSTALL_HINT)
         from vllm import LLM
 
-        from mascot_dag.lib.home import Home
+        from mascot_dag.lib.storage.home import Home
 
         self.model_name = model
         self.path = resolve_model(model, models_dir or Home.from_env().models)

@@ -9,7 +9,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from mascot_dag.lib.training.config import _TrainSettings
+from mascot_dag.lib.training.config import TrainSettings
 
 Curve = list[tuple[int, float]]
 
@@ -29,7 +29,7 @@ def clean_messages(messages: Any, where: str) -> list[dict[str, str]]:
     return out
 
 
-def trainer_kwargs(settings: _TrainSettings, checkpoint_dir: Path) -> dict[str, Any]:
+def trainer_kwargs(settings: TrainSettings, checkpoint_dir: Path) -> dict[str, Any]:
     """Keyword arguments common to RewardConfig, GRPOConfig and SFTConfig."""
     return {
         "output_dir": str(checkpoint_dir),

@@ -62,7 +62,7 @@ class LoraSettings:
 
 
 @dataclass(frozen=True)
-class _TrainSettings:
+class TrainSettings:
     """Fields that every trainer shares."""
 
     max_steps: int = field(
@@ -107,7 +107,7 @@ class _TrainSettings:
 
 
 @dataclass(frozen=True)
-class RewardModelSettings(_TrainSettings):
+class RewardModelSettings(TrainSettings):
     """Pairwise (Bradley-Terry) reward model on the preference pairs (TRL RewardTrainer)."""
 
     max_steps: int = field(default=50, metadata={"help": "Optimizer steps to train."})
@@ -144,7 +144,7 @@ class RewardModelSettings(_TrainSettings):
 
 
 @dataclass(frozen=True)
-class GRPOSettings(_TrainSettings):
+class GRPOSettings(TrainSettings):
     """Group Relative Policy Optimization of a LoRA adapter (TRL GRPOTrainer)."""
 
     batch_size: int = field(
@@ -213,7 +213,7 @@ class GRPOSettings(_TrainSettings):
 
 
 @dataclass(frozen=True)
-class SFTSettings(_TrainSettings):
+class SFTSettings(TrainSettings):
     """Supervised fine-tuning of a LoRA adapter on chosen responses (the `sft` baseline)."""
 
     max_length: int = field(
@@ -225,3 +225,31 @@ class SFTSettings(_TrainSettings):
         _check(
             self.max_length >= 16, f"SFTSettings.max_length must be >= 16, got {self.max_length}"
         )
+
+
+# From a profile's settings (the mapping the assets use; settings are duck-typed so that lib
+# stays free of dagster).
+def lora_settings(settings) -> LoraSettings:
+    """The LoRA of a profile's settings (`resources.settings.LineageSettings` or any object with
+    its fields): alpha = 2 r on the listed target modules."""
+    targets = tuple(t.strip() for t in settings.lora_targets.split(",") if t.strip())
+    return LoraSettings(r=settings.lora_r, alpha=2 * settings.lora_r, target_modules=targets)
+
+
+def grpo_settings(settings, max_completion_length: int) -> GRPOSettings:
+    """GRPO settings shared by the persona adapters and the director (LoRA, CPU or bf16)."""
+    return GRPOSettings(
+        max_steps=settings.grpo_steps, batch_size=settings.grpo_generations,
+        num_generations=settings.grpo_generations, max_completion_length=max_completion_length,
+        learning_rate=settings.grpo_learning_rate, lr_scheduler=settings.grpo_scheduler,
+        beta=settings.grpo_beta, temperature=settings.temperature, top_p=settings.top_p,
+        save_steps=max(1, settings.grpo_steps // 2), seed=settings.seed,
+        use_cpu=settings.use_cpu, bf16=not settings.use_cpu,
+    )
+
+
+def sft_settings(settings, steps: int, learning_rate: float) -> SFTSettings:
+    """SFT of a profile's settings: pi_SFT and the `sft` baseline."""
+    return SFTSettings(max_steps=steps, batch_size=4, learning_rate=learning_rate,
+                       lr_scheduler="cosine", save_steps=max(1, steps // 2), seed=settings.seed,
+                       use_cpu=settings.use_cpu, bf16=not settings.use_cpu)

@@ -97,7 +97,8 @@ def train_grpo_adapter(
 ) -> GRPOResult:
     """Train a LoRA adapter with GRPO on conversational prompts; adapter -> output_dir/adapter.
 
-    `reward_funcs` follow TRL's form (see lib/rewards.py); `reward_weights` (one per function,
+    `reward_funcs` follow TRL's form (see lib/stage1/rewards.py); `reward_weights` (one per
+    function,
     None = all 1.0) weight their sum. `columns` are extra per-prompt dataset columns that TRL hands
     to every reward function as keyword arguments (e.g. `reward_prompt`).
     `callbacks=[StopAfterSteps(n)]` simulates an interruption. `init_adapter`: continue that

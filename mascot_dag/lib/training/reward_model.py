@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mascot_dag.lib.rewards import completion_text
+from mascot_dag.lib.stage1.rewards import completion_text
 from mascot_dag.lib.training.common import (
     Curve,
     clean_messages,
@@ -50,7 +50,7 @@ class RewardModelResult:
     def heldout_accuracy_ci(self, seed: int = 0) -> dict[str, float]:
         """Held-out accuracy with a 95% CI that resamples contexts (pairs of one context share
         candidates, so they are not independent): {"mean", "lo", "hi", "n_units", ...}."""
-        from mascot_dag.lib.stats import paired_cluster_bootstrap
+        from mascot_dag.lib.evaluation.stats import paired_cluster_bootstrap
 
         groups = self.heldout_groups or [str(i) for i in range(len(self.heldout_margins))]
         correct = [1.0 if m > 0 else 0.0 for m in self.heldout_margins]

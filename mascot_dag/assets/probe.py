@@ -1,0 +1,69 @@
+"""Stage 1's gate (group `persona_alignment`): the persona probe. Every persona speaks with and
+without its adapter on held-out contexts, and an independent classifier (lib/stage1/probe.py)
+names which persona each text sounds like; `roster_fidelity_effect` blocks Stage 2 when the
+roster did not become more identifiable."""
+
+
+import dagster as dg
+import polars as pl
+
+from mascot_dag.assets.common import (
+    STAGE1_EXPERIMENT,
+    cluster_tags,
+    markdown_table,
+    persona_partitions,
+)
+from mascot_dag.lib.evaluation.stats import MIN_CLUSTERS_FOR_SIGNIFICANCE
+from mascot_dag.lib.stage1 import probe
+from mascot_dag.resources.settings import LineageSettings
+from mascot_dag.resources.store import DuckDBStore
+from mascot_dag.resources.tracking import MLflowResource
+
+
+@dg.asset(
+    op_tags=cluster_tags("persona_roster_probe"),
+    group_name="persona_alignment",
+    deps=[dg.AssetDep("persona_adapters", partition_mapping=dg.AllPartitionMapping())],
+    kinds={"duckdb", "mlflow"},
+    check_specs=[dg.AssetCheckSpec("roster_fidelity_effect", asset="persona_roster_probe",
+                                   blocking=True)],
+)
+def persona_roster_probe(
+    store: DuckDBStore, tracking: MLflowResource, settings: LineageSettings
+) -> dg.MaterializeResult:
+    """Stage 1's gate: the persona probe pooled over the roster (every persona's paired units in
+    persona_probe, context-clustered CI). Blocks Stage 2 and the evaluation when the adapters do
+    not make the roster more identifiable, or one persona is made significantly worse
+    (`probe_blocking`; lib/probe.roster_verdict says why pooled)."""
+    personas = persona_partitions.get_partition_keys()
+    rows = store.frame(
+        "SELECT * FROM persona_probe WHERE arm IN ('base', 'adapter') AND persona_id IN "
+        f"({', '.join('?' * len(personas))})", list(personas))
+    summary = probe.summarise(rows, seed=settings.seed)
+    verdict = probe.roster_verdict(summary, personas, MIN_CLUSTERS_FOR_SIGNIFICANCE)
+    versions = sorted(set(rows.filter(pl.col("arm") == "adapter")["model_version"].to_list()))
+    effect = {"identifiable_gain": verdict.gain, "identifiable_lo": verdict.lo,
+              "identifiable_hi": verdict.hi, "n_contexts": verdict.n_contexts,
+              "n_units": verdict.n_units}
+    with tracking.start_run(STAGE1_EXPERIMENT, "persona-roster-probe",
+                            {"asset": "persona_roster_probe"}) as run:
+        tracking.log_params({"adapters": ",".join(versions), "passed": verdict.passed,
+                             "significantly_worse": ",".join(verdict.worse)})
+        tracking.log_metrics({f"roster_{k}": float(v) for k, v in effect.items()})
+    return dg.MaterializeResult(
+        metadata={
+            "mlflow_run_id": run.info.run_id,
+            "adapters": ", ".join(versions),
+            "probe": dg.MetadataValue.md(markdown_table(
+                summary.with_columns(pl.selectors.float().round(3)))),
+            **effect,
+        },
+        check_results=[dg.AssetCheckResult(
+            check_name="roster_fidelity_effect", passed=verdict.passed,
+            # blocking only fails the run at ERROR
+            severity=dg.AssetCheckSeverity.ERROR if settings.probe_blocking
+            else dg.AssetCheckSeverity.WARN,
+            description=verdict.description,
+            metadata={**effect, "significantly_worse": ", ".join(verdict.worse)},
+        )],
+    )

@@ -1,0 +1,95 @@
+"""The store's reads and writes that several asset modules share: one place for each query
+(the contexts of a split, a roster, the dialogue tables), so asset modules never import each
+other for them."""
+
+from __future__ import annotations
+
+import polars as pl
+
+from mascot_dag.assets.common import counts, table_metadata
+from mascot_dag.lib.data.personas import PersonaCard
+from mascot_dag.lib.dialogue.rollout import record_tables
+from mascot_dag.lib.storage.tables import card_from_row, context_from_row
+from mascot_dag.lib.types import Context
+from mascot_dag.resources.settings import LineageSettings
+from mascot_dag.resources.store import DuckDBStore
+
+SOURCE_OF_SET = {"support": "empatheticdialogues", "workplace": "qmsum"}
+SOURCES = ("empatheticdialogues", "qmsum")
+
+
+def contexts_of(store: DuckDBStore, split: str, source: str, limit: int = 0) -> list[Context]:
+    """The contexts of one source in `split` (limit 0 = all), in md5 order of their ids: a
+    deterministic sample that mixes valences instead of the first N ids. The one context query
+    of the lineage."""
+    limit_sql = f"LIMIT {int(limit)}" if limit else ""
+    rows = store.frame("SELECT * FROM contexts WHERE split = ? AND source = ? "
+                       f"ORDER BY md5(context_id) {limit_sql}", [split, source]).to_dicts()
+    return [context_from_row(r) for r in rows]
+
+
+def persona_set_contexts(store: DuckDBStore, settings: LineageSettings, split: str,
+                         limit: int) -> list[Context]:
+    """Contexts of the trained persona set's source in `split` (limit 0 = all)."""
+    source = SOURCE_OF_SET[settings.train_persona_set]
+    out = contexts_of(store, split, source, limit)
+    if not out:
+        raise ValueError(f"no {split} contexts from {source}: materialise `contexts` first")
+    return out
+
+
+def train_contexts(store: DuckDBStore, settings: LineageSettings) -> list[Context]:
+    return persona_set_contexts(store, settings, "train", settings.max_train_contexts)
+
+
+def pick_contexts(store: DuckDBStore, split: str, per_mode: int,
+                  required: bool = True) -> list[Context]:
+    """Up to `per_mode` contexts of each source from a split, in a fixed hash order
+    (`required=False`: an empty split gives [], e.g. the OOD split of a held-out source)."""
+    out = [c for source in SOURCES for c in contexts_of(store, split, source, per_mode)]
+    if not out and required:
+        raise ValueError(f"no {split} contexts: materialise `contexts` first")
+    return out
+
+
+def all_contexts(store: DuckDBStore) -> dict[str, Context]:
+    return {r["context_id"]: context_from_row(r)
+            for r in store.frame("SELECT * FROM contexts").to_dicts()}
+
+
+def load_roster(store: DuckDBStore, persona_set: str) -> list[PersonaCard]:
+    rows = store.frame("SELECT * FROM personas WHERE persona_set = ? ORDER BY persona_id",
+                       [persona_set])
+    if rows.is_empty():
+        raise ValueError(f"no personas of set {persona_set!r}: materialise `persona_cards` first")
+    return [card_from_row(r) for r in rows.to_dicts()]
+
+
+def rosters(store: DuckDBStore) -> dict[str, list[PersonaCard]]:
+    return {"support": load_roster(store, "support"), "workplace": load_roster(store, "workplace")}
+
+
+def write_dialogues(store: DuckDBStore, records, prefix: str) -> tuple:
+    dialogues, turns, directives = record_tables(records)
+    like = [f"{prefix}:%"]
+    store.replace_many([
+        ("dialogues", dialogues, "dialogue_id LIKE ?", like),
+        ("turns", turns, "dialogue_id LIKE ?", like),
+        ("directives", directives, "dialogue_id LIKE ?", like),
+    ])
+    return dialogues, turns, directives
+
+
+def dialogue_metadata(dialogues, turns, directives, **extra) -> dict:
+    agent = turns.filter(pl.col("role") == "agent")
+    directed = agent.join(directives, on=["dialogue_id", "turn_idx"], how="inner")
+    return table_metadata(
+        turns.select("dialogue_id", "turn_idx", "speaker", "text"),
+        dialogues=len(dialogues),
+        by_mode=counts(dialogues, "mode"),
+        agent_turns=len(agent),
+        agent_turns_with_directive=directed.height,
+        directive_status=counts(directives, "status") if len(directives) else {},
+        speakers=counts(agent, "speaker"),
+        **extra,
+    )

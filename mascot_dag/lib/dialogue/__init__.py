@@ -1,0 +1,1 @@
+"""The dialogue engine: requests, the director, rollouts, the live chat session."""

@@ -1,0 +1,2 @@
+"""Evaluation: the methods, scores and metrics, statistics, the champion gate, the report, human
+ratings."""

@@ -1,0 +1,1 @@
+"""Running the lineage: cluster requests, local servers, console noise."""

@@ -1,0 +1,1 @@
+"""The OpenAI-compatible HTTP app of `mascot serve` and its request protocol."""

@@ -1,0 +1,1 @@
+"""Stage 1, persona alignment: preference pairs, rewards, the persona probe, group-aware prompts."""

@@ -1,0 +1,1 @@
+"""State: the home folder, DuckDB, MLflow tracking, row conversions."""

@@ -1,0 +1,102 @@
+"""Model versions in the MLflow registry -> adapters loaded into the chat backend: the names of
+the registered models, which version an alias points at, and the adapter folder of a version.
+Used by the assets, `mascot chat` and the pages (`mascot_dag.companions`), so it lives outside
+assets/ (no asset module imports another)."""
+
+from pathlib import Path
+
+from mascot_dag.lib.storage.home import Home
+from mascot_dag.resources.llm import ChatModelResource
+from mascot_dag.resources.tracking import MLflowResource
+
+DIRECTOR_MODEL = "mascot-director"
+REWARD_MODEL = "mascot-persona-reward"
+# pi_SFT: the supervised base policy of Stage 1; the `sft` evaluation baseline serves it too.
+POLICY_SFT_MODEL = "mascot-policy-sft"
+
+
+def persona_model(persona_id: str) -> str:
+    """The registered model of a persona's adapter: mascot-persona-<id, _ as ->."""
+    return f"mascot-persona-{persona_id.replace('_', '-')}"
+
+
+def resolve_version(tracking: MLflowResource, model_name: str, alias: str | None) -> str | None:
+    """`alias` (e.g. champion) when given and set, else None; no alias -> the latest version."""
+    if alias:
+        return tracking.get_alias_version(model_name, alias)
+    return tracking.latest_version(model_name)
+
+
+def fetch(tracking: MLflowResource, model_name: str, version: str) -> Path:
+    """The registered version's adapter folder, downloaded once per home. Steps running at the
+    same time on a cluster (two personas' adapters both need the reward model) may download the
+    same version at once: each downloads into a folder of its own and renames it into place, so
+    no step ever reads a half-written folder (the first rename wins; the others are dropped)."""
+    import os
+    import shutil
+
+    # keyed by the run, not the version number alone: numbers repeat after a registry reset,
+    # and a folder of the old registry's v1 must not be taken for the new one's
+    run = tracking.version_run_id(model_name, version)[:12] or "norun"
+    dst = Home.from_env().checkpoints / "downloads" / f"{model_name}-v{version}-{run}"
+    if (dst / "adapter_config.json").exists():
+        return dst
+    part = dst.with_name(f"{dst.name}.part-{os.getpid()}")
+    shutil.rmtree(part, ignore_errors=True)
+    local = tracking.download_adapter(f"models:/{model_name}/{version}", part)
+    inner = local.relative_to(part)
+    try:
+        part.rename(dst)
+    except OSError:  # another step renamed its copy first (dst exists and is not empty)
+        shutil.rmtree(part, ignore_errors=True)
+        if not (dst / inner / "adapter_config.json").exists():
+            raise
+    return dst / inner
+
+
+def attach(
+    chat: ChatModelResource, tracking: MLflowResource, model_name: str, alias: str | None = None
+) -> tuple[str | None, str | None]:
+    """Load a registered adapter into the backend; returns (adapter name, version) or Nones."""
+    version = resolve_version(tracking, model_name, alias)
+    if version is None:
+        return None, None
+    name = f"{model_name}@v{version}"
+    # add_adapter is idempotent for the same name and folder.
+    chat.backend().add_adapter(name, str(fetch(tracking, model_name, version)))
+    return name, version
+
+
+def attach_policy_sft(chat: ChatModelResource, tracking: MLflowResource, needed_by: str) -> str:
+    """Load the latest pi_SFT (`policy_sft`) into the backend; its adapter name."""
+    name, _ = attach(chat, tracking, POLICY_SFT_MODEL)
+    if name is None:
+        raise ValueError(f"{needed_by} needs {POLICY_SFT_MODEL} in MLflow: materialise policy_sft")
+    return name
+
+
+def attach_personas(
+    chat: ChatModelResource, tracking: MLflowResource, persona_ids: list[str],
+    alias: str | None = None,
+) -> tuple[dict[str, str | None], dict[str, str]]:
+    """Adapters of every persona that has one: ({persona: adapter name}, {persona: version})."""
+    names, versions = {}, {}
+    for pid in persona_ids:
+        name, version = attach(chat, tracking, persona_model(pid), alias)
+        if name:
+            names[pid], versions[pid] = name, version
+    return names, versions
+
+
+def adapter_runs(tracking: MLflowResource, names) -> dict[str, str]:
+    """{adapter name: the run id of its registered version} for the attached adapters among
+    `names` (`<model>@v<version>`, as `attach` names them; None and other names skipped): what
+    the generation cache keys a request's adapter by, so that a registry reset, which numbers
+    versions from 1 again, never replays another adapter's texts."""
+    out = {}
+    for name in names:
+        model, sep, version = (name or "").rpartition("@v")
+        if sep and model and version.isdigit():
+            out[name] = tracking.version_run_id(model, version)
+    return out
+
