@@ -5,6 +5,9 @@ assets/ (no asset module imports another)."""
 
 from pathlib import Path
 
+import polars as pl
+
+from mascot_dag.lib.evaluation.champion import CHAMPION
 from mascot_dag.lib.storage.home import Home
 from mascot_dag.resources.llm import ChatModelResource
 from mascot_dag.resources.tracking import MLflowResource
@@ -100,3 +103,36 @@ def adapter_runs(tracking: MLflowResource, names) -> dict[str, str]:
             out[name] = tracking.version_run_id(model, version)
     return out
 
+
+# The champion alias: the evaluation gate's decisions, kept in the registry.
+def champion_exists(tracking: MLflowResource) -> bool:
+    """Whether a champion is set: the director's alias (apply_gate always moves it)."""
+    return tracking.get_alias_version(DIRECTOR_MODEL, "champion") is not None
+
+
+def current_champion_scores(tracking: MLflowResource, scores: pl.DataFrame,
+                            champion_used: dict[str, str]) -> pl.DataFrame:
+    """eval_scores without `champion` rows that another champion produced: a champion partition
+    left over from an earlier run (before the alias moved) must not stand in for the current one;
+    the gate then fails closed (no paired contexts). `champion_used`: {model: version} the
+    `champion` dialogues used (`assets.queries.method_versions`)."""
+    alias = tracking.get_alias_version(DIRECTOR_MODEL, "champion")
+    used = champion_used.get(DIRECTOR_MODEL)
+    if alias is not None and used == alias:
+        return scores
+    return scores.filter(pl.col("method") != CHAMPION)
+
+
+def apply_gate(tracking: MLflowResource, decision, versions: dict) -> list[str]:
+    """Move `champion` to every version used; the director version keeps its overall score as
+    the tag `eval_overall` (informational: the gate re-evaluates the champion every run)."""
+    if not decision.promote:
+        return []
+    moved = []
+    for model_name, version in sorted(versions.items()):
+        tracking.set_alias(model_name, "champion", version)
+        moved.append(f"{model_name}@{version}")
+    if DIRECTOR_MODEL in versions:
+        tracking.set_version_tag(DIRECTOR_MODEL, versions[DIRECTOR_MODEL], "eval_overall",
+                                 f"{decision.candidate:.4f}")
+    return moved

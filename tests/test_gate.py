@@ -9,12 +9,7 @@ import math
 import polars as pl
 import pytest
 
-from mascot_dag.assets.evaluation import (
-    DIRECTOR_MODEL,
-    apply_gate,
-    champion_exists,
-    current_champion_scores,
-)
+from mascot_dag.assets.queries import method_versions
 from mascot_dag.lib.dialogue.spec import DialogueRecord
 from mascot_dag.lib.evaluation.champion import (
     PERSONA_CRITERIA,
@@ -23,6 +18,12 @@ from mascot_dag.lib.evaluation.champion import (
     gate_tracking,
     paired_overall,
     relabel_method,
+)
+from mascot_dag.registry import (
+    DIRECTOR_MODEL,
+    apply_gate,
+    champion_exists,
+    current_champion_scores,
 )
 from mascot_dag.resources.store import DuckDBStore
 from mascot_dag.resources.tracking import MLflowResource
@@ -196,12 +197,15 @@ def test_leftover_champion_dialogues_of_an_old_champion_are_not_compared(tmp_pat
             "n_turns": 2, "models": json.dumps({"director": f"{DIRECTOR_MODEL}@v{version}"})}]))
 
     champion_ran_with(v1)  # left over from before the alias moved to v2
-    kept = current_champion_scores(store, tracking, scores)
+    def current():
+        return current_champion_scores(tracking, scores, method_versions(store, "champion"))
+
+    kept = current()
     assert "champion" not in set(kept["method"])
     assert not gate_decision(kept, champion_exists(tracking)).promote
     champion_ran_with(v2)
-    assert len(current_champion_scores(store, tracking, scores)) == len(scores)
-    assert gate_decision(current_champion_scores(store, tracking, scores), True).promote
+    assert len(current()) == len(scores)
+    assert gate_decision(current(), True).promote
 
 
 def test_eval_run_stores_the_gates_comparison_first():

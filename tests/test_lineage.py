@@ -247,7 +247,8 @@ def test_chat_two_turns_with_the_trained_group(lineage):
     from pathlib import Path
 
     home = lineage["home"]
-    env = {**os.environ, "MASCOT_HOME": str(home), "HF_HUB_OFFLINE": "1"}
+    # the chat speaks as the profile that trained the group evaluated it (mascot_dag.companions)
+    env = {**os.environ, "MASCOT_HOME": str(home), "HF_HUB_OFFLINE": "1", "MASCOT_PROFILE": "tiny"}
     proc = subprocess.run(
         [str(Path(sys.executable).parent / "mascot"), "chat", "--turns", "2",
          "--max-new-tokens", "12"],
@@ -258,7 +259,10 @@ def test_chat_two_turns_with_the_trained_group(lineage):
     # champion versions when the gate promoted, else the base model with persona prompts
     assert "Using champion versions" in proc.stdout or "No champion in MLflow yet" in proc.stdout
     replies = [ln for ln in proc.stdout.splitlines() if ln.startswith("[")]
-    assert len(replies) == 4, proc.stdout  # 2 messages x 2 agents per round
+    from mascot_dag.profiles import settings_for
+
+    per_round = settings_for("tiny").agents_per_round  # as evaluated, not a chat default
+    assert len(replies) == 2 * per_round, proc.stdout
 
 
 def test_report_command(lineage):

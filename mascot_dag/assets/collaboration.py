@@ -15,16 +15,22 @@ from mascot_dag.assets.common import (
     progress,
     table_metadata,
 )
-from mascot_dag.assets.queries import dialogue_metadata, pick_contexts, rosters, write_dialogues
+from mascot_dag.assets.queries import (
+    all_contexts,
+    dialogue_metadata,
+    dialogue_records,
+    pick_contexts,
+    rosters,
+    write_dialogues,
+)
 from mascot_dag.lib.data.users import load_user_profiles
 from mascot_dag.lib.dialogue.director import directive_pattern
-from mascot_dag.lib.dialogue.engine import blocks, run_dialogues
+from mascot_dag.lib.dialogue.engine import run_dialogues
 from mascot_dag.lib.dialogue.rollout import build_specs, records_from_frames
 from mascot_dag.lib.dialogue.spec import config_from_settings
 from mascot_dag.lib.judges.agreement import agreement, agreement_markdown
-from mascot_dag.lib.judges.base import BlockItem
+from mascot_dag.lib.judges.panel import judge_dialogue_blocks
 from mascot_dag.lib.storage.home import Home
-from mascot_dag.lib.storage.tables import score_rows
 from mascot_dag.registry import DIRECTOR_MODEL, attach_personas
 from mascot_dag.resources.judge import JudgePanelResource
 from mascot_dag.resources.llm import ChatModelResource
@@ -33,10 +39,6 @@ from mascot_dag.resources.store import DuckDBStore
 from mascot_dag.resources.tracking import MLflowResource
 
 EXPERIMENT = "stage2_collaboration"
-# the `group_judgments` rows (score NULL where a judge failed)
-BLOCK_JUDGMENT_SCHEMA = {"dialogue_id": pl.String, "block_idx": pl.Int64, "judge": pl.String,
-                         "criterion": pl.String, "score": pl.Float64, "rationale": pl.String,
-                         "status": pl.String, "raw_output": pl.String}
 ROLLOUT_PREFIX = "rollout"
 
 
@@ -62,28 +64,6 @@ def group_rollouts(
         fallback_rate=float((x["status"] == "fallback").mean()) if len(x) else 0.0))
 
 
-def judge_blocks(store: DuckDBStore, judges: list, prefix: str, block_size: int) -> pl.DataFrame:
-    """Collective-rubric scores of every N-turn block of the dialogues under `prefix`, by each
-    of `judges` (lib judges), one row per judge."""
-    like = [f"{prefix}:%"]
-    dialogues = store.frame("SELECT * FROM dialogues WHERE dialogue_id LIKE ?", like)
-    turns = store.frame("SELECT * FROM turns WHERE dialogue_id LIKE ?", like)
-    ctx = dict(store.frame("SELECT context_id, text FROM contexts").rows())
-    roster = rosters(store)
-    items, keys = [], []
-    for rec in records_from_frames(dialogues, turns, turns.clear()):
-        r = roster["support" if rec.dialogue["mode"] == "support" else "workplace"]
-        for b, block in enumerate(blocks(rec.turns, block_size)):
-            items.append(BlockItem(ctx[rec.dialogue["context_id"]], r,
-                                   [{"speaker": t["speaker"], "text": t["text"]} for t in block]))
-            keys.append((rec.dialogue["dialogue_id"], b))
-    rows = []
-    for j in judges:
-        for (did, b), scores in zip(keys, j.score_blocks(items) if items else [], strict=True):
-            rows += score_rows(scores, dialogue_id=did, block_idx=b, judge=j.name)
-    return pl.DataFrame(rows, schema=BLOCK_JUDGMENT_SCHEMA)
-
-
 @dg.asset(op_tags=cluster_tags("group_judgments"),
           group_name="collaboration", deps=[group_rollouts], kinds={"duckdb"},
           pool=DUCKDB_POOL, retry_policy=TRANSIENT_RETRY)
@@ -92,7 +72,9 @@ def group_judgments(
 ) -> dg.MaterializeResult:
     """Collective rubric (4 criteria, 1-5) per N-turn block of every rollout dialogue, by every
     judge of the panel."""
-    df = judge_blocks(store, judges.judges(), ROLLOUT_PREFIX, settings.block_size)
+    ctx = {cid: c.text for cid, c in all_contexts(store).items()}
+    df = judge_dialogue_blocks(judges.judges(), dialogue_records(store, ROLLOUT_PREFIX), ctx,
+                               rosters(store), settings.block_size)
     store.replace("group_judgments", df, "dialogue_id LIKE ?", [f"{ROLLOUT_PREFIX}:%"])
     means = (df.filter(pl.col("status") == "ok").group_by("judge", "criterion")
              .agg(pl.col("score").mean()).sort("judge", "criterion"))

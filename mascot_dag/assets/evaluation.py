@@ -19,7 +19,13 @@ from mascot_dag.assets.common import (
     method_partitions,
     table_metadata,
 )
-from mascot_dag.assets.queries import dialogue_metadata, pick_contexts, rosters, write_dialogues
+from mascot_dag.assets.queries import (
+    dialogue_metadata,
+    method_versions,
+    pick_contexts,
+    rosters,
+    write_dialogues,
+)
 from mascot_dag.lib.data.split import OOD_SPLIT
 from mascot_dag.lib.data.users import load_user_profiles
 from mascot_dag.lib.dialogue.rollout import build_specs
@@ -33,9 +39,12 @@ from mascot_dag.lib.storage.home import Home
 from mascot_dag.registry import (
     DIRECTOR_MODEL,
     adapter_runs,
+    apply_gate,
     attach,
     attach_personas,
     attach_policy_sft,
+    champion_exists,
+    current_champion_scores,
 )
 from mascot_dag.resources.judge import JudgePanelResource
 from mascot_dag.resources.llm import ChatModelResource
@@ -266,51 +275,6 @@ def three_way_comparisons(
         mascot_wins=int((df["winner"] == "mascot").sum())))
 
 
-def _mascot_versions(store: DuckDBStore, method: str = "mascot") -> dict:
-    """Adapter versions the method's eval dialogues used (`mascot`: what the gate would promote)."""
-    out = {}
-    for models in store.frame("SELECT models FROM dialogues WHERE method = ? AND stage = 'eval'",
-                              [method])["models"]:
-        m = json.loads(models)
-        for name in [*m.get("personas", {}).values(), m.get("director")]:
-            if name and "@v" in name:
-                model_name, version = name.split("@v", 1)
-                out[model_name] = version
-    return out
-
-
-def champion_exists(tracking: MLflowResource) -> bool:
-    """Whether a champion is set: the director's alias (apply_gate always moves it)."""
-    return tracking.get_alias_version(DIRECTOR_MODEL, "champion") is not None
-
-
-def current_champion_scores(store: DuckDBStore, tracking: MLflowResource,
-                            scores: pl.DataFrame) -> pl.DataFrame:
-    """eval_scores without `champion` rows that another champion produced: a champion partition
-    left over from an earlier run (before the alias moved) must not stand in for the current one;
-    the gate then fails closed (no paired contexts)."""
-    alias = tracking.get_alias_version(DIRECTOR_MODEL, "champion")
-    used = _mascot_versions(store, gate.CHAMPION).get(DIRECTOR_MODEL)
-    if alias is not None and used == alias:
-        return scores
-    return scores.filter(pl.col("method") != gate.CHAMPION)
-
-
-def apply_gate(tracking: MLflowResource, decision, versions: dict) -> list[str]:
-    """Move `champion` to every version used; the director version keeps its overall score as
-    the tag `eval_overall` (informational: the gate re-evaluates the champion every run)."""
-    if not decision.promote:
-        return []
-    moved = []
-    for model_name, version in sorted(versions.items()):
-        tracking.set_alias(model_name, "champion", version)
-        moved.append(f"{model_name}@{version}")
-    if DIRECTOR_MODEL in versions:
-        tracking.set_version_tag(DIRECTOR_MODEL, versions[DIRECTOR_MODEL], "eval_overall",
-                                 f"{decision.candidate:.4f}")
-    return moved
-
-
 @dg.asset(op_tags=cluster_tags("eval_report"),
           group_name="evaluation", deps=[eval_scores, three_way_comparisons, "human_ratings",
                                            "director_comparison"],
@@ -337,9 +301,10 @@ def eval_report(
     comparisons = store.frame("SELECT * FROM comparisons")
     contexts = store.frame("SELECT context_id, source, domain, valence, split FROM contexts")
     director_rows = store.frame("SELECT * FROM director_comparison")
-    versions = _mascot_versions(store)
+    versions = method_versions(store)
+    compared = current_champion_scores(tracking, scores, method_versions(store, gate.CHAMPION))
     decision = gate.gate_decision(
-        current_champion_scores(store, tracking, scores), champion_exists(tracking),
+        compared, champion_exists(tracking),
         margin=settings.gate_margin, min_contexts=settings.gate_min_contexts,
         seed=settings.seed, criteria=settings.gate_criteria)
     provenance = {

@@ -4,11 +4,13 @@ other for them."""
 
 from __future__ import annotations
 
+import json
+
 import polars as pl
 
 from mascot_dag.assets.common import counts, table_metadata
 from mascot_dag.lib.data.personas import PersonaCard
-from mascot_dag.lib.dialogue.rollout import record_tables
+from mascot_dag.lib.dialogue.rollout import record_tables, records_from_frames
 from mascot_dag.lib.storage.tables import card_from_row, context_from_row
 from mascot_dag.lib.types import Context
 from mascot_dag.resources.settings import LineageSettings
@@ -93,3 +95,25 @@ def dialogue_metadata(dialogues, turns, directives, **extra) -> dict:
         speakers=counts(agent, "speaker"),
         **extra,
     )
+
+
+def method_versions(store: DuckDBStore, method: str = "mascot") -> dict[str, str]:
+    """{registered model: version} of the adapters the method's eval dialogues used (`mascot`:
+    what the gate would promote; `champion`: what the champion run used)."""
+    out = {}
+    for models in store.frame("SELECT models FROM dialogues WHERE method = ? AND stage = 'eval'",
+                              [method])["models"]:
+        m = json.loads(models)
+        for name in [*m.get("personas", {}).values(), m.get("director")]:
+            if name and "@v" in name:
+                model_name, version = name.split("@v", 1)
+                out[model_name] = version
+    return out
+
+
+def dialogue_records(store: DuckDBStore, prefix: str) -> list:
+    """The stored dialogues under `prefix` (e.g. `rollout`) as records with their turns."""
+    like = [f"{prefix}:%"]
+    dialogues = store.frame("SELECT * FROM dialogues WHERE dialogue_id LIKE ?", like)
+    turns = store.frame("SELECT * FROM turns WHERE dialogue_id LIKE ?", like)
+    return records_from_frames(dialogues, turns, turns.clear())

@@ -101,3 +101,32 @@ def training_judgments(judgments, rule: str = MEAN):
     if rule == MEAN:
         return judgments
     return judgments.filter(pl.col("judge") == rule)
+
+
+# the `group_judgments` rows (score NULL where a judge failed)
+BLOCK_JUDGMENT_SCHEMA = {"dialogue_id": pl.String, "block_idx": pl.Int64, "judge": pl.String,
+                         "criterion": pl.String, "score": pl.Float64, "rationale": pl.String,
+                         "status": pl.String, "raw_output": pl.String}
+
+
+def judge_dialogue_blocks(judges: Sequence[Judge], records, contexts: dict[str, str],
+                          rosters: dict[str, list], block_size: int) -> pl.DataFrame:
+    """Collective-rubric scores of every `block_size`-turn block of the dialogue `records`
+    (`lib.dialogue.rollout.records_from_frames`), by each judge: one row per judge, block and
+    criterion (BLOCK_JUDGMENT_SCHEMA). `contexts`: {context_id: text}; `rosters`: {"support" |
+    "workplace": cards}, the roster that spoke in each mode."""
+    from mascot_dag.lib.dialogue.engine import blocks
+    from mascot_dag.lib.storage.tables import score_rows
+
+    items, keys = [], []
+    for rec in records:
+        roster = rosters["support" if rec.dialogue["mode"] == "support" else "workplace"]
+        for b, block in enumerate(blocks(rec.turns, block_size)):
+            items.append(BlockItem(contexts[rec.dialogue["context_id"]], roster,
+                                   [{"speaker": t["speaker"], "text": t["text"]} for t in block]))
+            keys.append((rec.dialogue["dialogue_id"], b))
+    rows = []
+    for judge in judges:
+        for (did, b), scores in zip(keys, judge.score_blocks(items) if items else [], strict=True):
+            rows += score_rows(scores, dialogue_id=did, block_idx=b, judge=judge.name)
+    return pl.DataFrame(rows, schema=BLOCK_JUDGMENT_SCHEMA)
