@@ -41,8 +41,17 @@ def demo(
     executor: str = typer.Option(
         None, help="in_process (default) | multiprocess | ray (the cluster profile's default: "
         "each step a Ray job at $MASCOT_RAY_ADDRESS); or $MASCOT_EXECUTOR"),
+    personas: Path = typer.Option(None, help="Your persona sets: every *.yaml of DIR (README "
+                                  "'Your own group'); or $MASCOT_PERSONAS_DIR"),
+    contexts: Path = typer.Option(None, help="Your contexts: CSV, JSONL or Parquet with "
+                                  "context_id, text; or $MASCOT_CONTEXTS_PATH"),
 ) -> None:
     """Materialise the whole lineage (asset runs in the Dagster instance) and say where it is."""
+    # before the definitions load: they read the persona folder for the partitions
+    if personas:
+        os.environ["MASCOT_PERSONAS_DIR"] = str(personas.resolve())
+    if contexts:
+        os.environ["MASCOT_CONTEXTS_PATH"] = str(contexts.resolve())
     from mascot_dag.lib.runtime.quiet import quiet_libraries
 
     quiet_libraries()  # before transformers, datasets and mlflow are imported
@@ -138,9 +147,18 @@ def serve(
     engine: str = typer.Option(
         "vllm", help="vllm (vLLM's async engine) or transformers (machines without vllm)."
     ),
+    models: str = typer.Option(None, help="Without --adapter: champion | latest | base | an "
+                               "alias (default: the champion, else the latest versions)."),
 ) -> None:
     """Serve an OpenAI-compatible /v1/chat/completions endpoint (FastAPI + uvicorn) over vLLM's
     async engine (or transformers), with /metrics; see mascot_dag/lib/serving/server.py."""
+    adapter = list(adapter)
+    if not adapter:  # the trained group, each adapter under its registered model's name
+        from mascot_dag.companions import served_adapters
+
+        for spec, label in served_adapters(models):
+            adapter.append(spec)
+            typer.echo(f"adapter {label}", err=True)
     args = ["--model", model, "--host", host, "--port", str(port), "--engine", engine]
     for spec in adapter:
         args += ["--adapter", spec]
@@ -149,6 +167,26 @@ def serve(
     from mascot_dag.lib.serving.server import main
 
     sys.exit(main(args))
+
+
+def _read_db(path: Path, sql: str, params: list | dict | None = None):
+    """A command's read: read-only (no DDL, beside other readers); while a run holds the file,
+    one line on stderr naming it and what to do, and exit 1: no minute's wait, no traceback."""
+    import duckdb
+
+    from mascot_dag.lib.storage import db
+
+    try:
+        return db.query_pl(path, sql, params, read_only=True)
+    except db.DatabaseLocked as e:
+        typer.echo(str(e), err=True)
+        raise typer.Exit(1) from None
+    except (duckdb.CatalogException, duckdb.BinderException) as e:
+        # a reader no longer creates missing tables: a file from an older version says so
+        first = str(e).strip().splitlines()[0]
+        typer.echo(f"{path}: {first} (a file older than this version's schema? any run "
+                   "brings it up to date)", err=True)
+        raise typer.Exit(1) from None
 
 
 @app.command()
@@ -179,7 +217,7 @@ def query(
         raise typer.Exit(2)
     from mascot_dag.lib.markdown import text_table
 
-    df = db.query_pl(home.duckdb, path.read_text(encoding="utf-8"), params or None)
+    df = _read_db(home.duckdb, path.read_text(encoding="utf-8"), params or None)
     typer.echo(text_table(df.head(limit)) if len(df) else "(no rows)")
 
 
@@ -193,17 +231,23 @@ def chat(
         None, help="Agents answering each of your messages (default: the profile's)."),
     web: bool = typer.Option(False, "--web", help="Serve a chat page on 127.0.0.1 instead."),
     port: int = typer.Option(8010, help="--web: port of the chat page."),
-    roster: str = typer.Option("support", help="--web: roster of a new conversation: "
-                               "support | workplace (the page can switch)."),
+    roster: str = typer.Option(None, help="Persona set that speaks (default: the support "
+                               "roster; --web: of a new conversation, the page can switch)."),
+    models: str = typer.Option(None, help="champion | latest | base | an MLflow alias (default: "
+                               "the champion, else the latest versions, labelled not promoted)."),
+    seed: int = typer.Option(0, help="Seed of the conversation's sampling."),
     director_max_new_tokens: int = typer.Option(
         None, help="--web: tokens per director directive (default: the profile's)."),
     engine: str = typer.Option(None, help="Run the profile's model on vllm or transformers "
                                "(default: the profile's generation resource, as evaluated)."),
     profile: str = typer.Option(None, help="Profile whose settings and generation resource "
                                 "speak (default: MASCOT_PROFILE, else embedded)."),
+    allow_host: list[str] = typer.Option(None, "--allow-host", help="--web: answer this Host "
+                                         "name too (NAME, NAME:PORT; or MASCOT_ALLOWED_HOSTS)."),
 ) -> None:
-    """Talk to the companion group: the director picks who answers, with the champion adapters,
+    """Talk to the companion group: the director picks who answers, with the trained adapters,
     requested exactly as the profile's evaluation requests them (mascot_dag.companions)."""
+    from mascot_dag.companions import resolve_models, terminal_chat
     from mascot_dag.profiles import PROFILES
     from mascot_dag.resources.llm import ENGINES
 
@@ -216,43 +260,28 @@ def chat(
         raise typer.Exit(2)
     if web:
         from mascot_dag.web.chat import load_group, serve
+        from mascot_dag.web.guard import checked_hosts
 
-        if roster not in ("support", "workplace"):
+        if (roster or "support") not in ("support", "workplace"):
             typer.echo(f"--roster {roster!r}: expected support or workplace", err=True)
             raise typer.Exit(2)
-        group = load_group("champion", max_new_tokens, agents_per_round, director_max_new_tokens,
+        hosts = checked_hosts(allow_host)  # before the model loads
+        label = resolve_models(models, profile)
+        group = load_group(label, max_new_tokens, agents_per_round, director_max_new_tokens,
                            engine, profile)
-        champions = sorted(v for v in group.labels.values() if v != "base + persona prompt")
-        typer.echo(f"Champion versions: {', '.join(champions)}; {group.director_label}"
-                   if champions else "No champion in MLflow yet: base model with persona prompts.")
+        trained = sorted(v for v in group.labels.values() if v != "base + persona prompt")
+        typer.echo(f"Versions ({label}): {', '.join(trained)}; {group.director_label}"
+                   if trained else "No trained versions in MLflow yet: base model with persona "
+                   "prompts.")
         typer.echo(f"Chat page on http://127.0.0.1:{port}/ (Ctrl-C stops it)")
-        serve(port, group, roster)
+        serve(port, group, roster or "support", hosts)
         return
-    from mascot_dag.companions import load_companions
-    from mascot_dag.lib.data.personas import load_personas, personas_of_set
-    from mascot_dag.lib.dialogue.chat import ChatSession
-
-    roster = personas_of_set(load_personas(), "support")
-    group = load_companions([c.persona_id for c in roster], "champion", engine, profile,
-                            max_new_tokens_agent=max_new_tokens,
-                            agents_per_round=agents_per_round)
-    if group.versions or group.director_version:
-        typer.echo(f"Using champion versions: personas {group.versions or 'none'}, "
-                   f"director {group.director_version or 'base'}")
-    else:
-        typer.echo("No champion in MLflow yet: base model with persona prompts (run `make demo`).")
-    session = ChatSession(roster, group.chat.generate, group.config)
-    typer.echo("Type a message (empty line or 'quit' to stop).")
-    said = 0
-    for line in sys.stdin:
-        line = line.strip()
-        if not line or line.lower() in {"quit", "exit"}:
-            break
-        for card, reply, d in session.say(line):
-            typer.echo(f"[{card.name}] ({d['action']}; {d['tone']}) {reply}")
-        said += 1
-        if turns and said >= turns:
-            break
+    try:
+        terminal_chat(sys.stdin, typer.echo, roster, models, engine, profile, turns, seed,
+                      max_new_tokens_agent=max_new_tokens, agents_per_round=agents_per_round)
+    except ValueError as e:
+        typer.echo(str(e), err=True)
+        raise typer.Exit(2) from None
 
 
 @app.command()
@@ -277,11 +306,15 @@ def rate(
     port: int = typer.Option(8020, help="Port of the rating page (bound to 127.0.0.1)."),
     export: Path = typer.Option(None, "--export", help="Write all ratings to FILE.csv or "
                                 "FILE.parquet and exit instead of serving."),
+    allow_host: list[str] = typer.Option(None, "--allow-host", help="Answer this Host name "
+                                         "too (NAME, NAME:PORT; or MASCOT_ALLOWED_HOSTS)."),
 ) -> None:
     """Blind human evaluation: rate three-way items (MASCOT + two methods, shuffled) in a browser;
     ratings go to the DuckDB tables human_ratings and human_choices."""
+    from mascot_dag.lib.storage.db import DatabaseLocked
     from mascot_dag.lib.storage.home import Home
     from mascot_dag.web import rate as web
+    from mascot_dag.web.guard import checked_hosts
 
     path = Home.from_env().duckdb
     if export is not None:
@@ -290,47 +323,43 @@ def rate(
             raise typer.Exit(2)
         try:
             n = web.export(path, export)
-        except ValueError as e:
+        except (ValueError, DatabaseLocked) as e:
             typer.echo(str(e), err=True)
             raise typer.Exit(2) from e
         typer.echo(f"{n} ratings -> {export}")
         return
+    hosts = checked_hosts(allow_host)
     typer.echo(f"Rating page on http://127.0.0.1:{port}/ (database {path}; Ctrl-C stops it)")
-    web.serve(path, port)
+    web.serve(path, port, allowed_hosts=hosts)
 
 
 @app.command()
 def probe(arm: str = typer.Option("adapter", help="adapter | warm_start")) -> None:
-    """The persona probe pooled over personas: paired gains (arm - base) with context-clustered
-    95% CIs, from the DuckDB table persona_probe (written by persona_adapters)."""
-    import polars as pl
-
-    from mascot_dag.lib.stage1 import probe as P
-    from mascot_dag.lib.storage import db
+    """The persona probe under its panel of readers: per reader and format the pooled paired gain
+    (arm - base, context-clustered 95% CI), n, the reader's accuracy on held-out reference
+    utterances and each persona's gain; the readers' agreement (Cohen's kappa); the verdict."""
+    from mascot_dag.lib.evaluation.stats import MIN_CLUSTERS_FOR_SIGNIFICANCE
+    from mascot_dag.lib.stage1.panel import panel_text, roster_panel
     from mascot_dag.lib.storage.home import Home
 
     path = Home.from_env().duckdb
     if not path.exists():
         typer.echo(f"no database at {path}: run `make demo`", err=True)
         raise typer.Exit(2)
-    table = db.query_pl(path, "SELECT * FROM persona_probe WHERE arm IN ('base', ?)", [arm])
-    if table.is_empty() or arm not in set(table["arm"]):
-        typer.echo(f"no persona_probe rows for arm {arm!r}: materialise persona_adapters", err=True)
+    sets = _read_db(path, "SELECT DISTINCT c.persona_set, p.persona_id FROM persona_probe p "
+                    "JOIN personas c USING (persona_id) ORDER BY 1, 2")
+    if sets.is_empty():
+        typer.echo("no persona_probe rows: materialise persona_adapters", err=True)
         raise typer.Exit(2)
-    table = table.with_columns(pl.col("arm").replace({arm: "adapter"}))
-    summary = P.summarise(table)
-    from mascot_dag.lib.types import to_100
-
-    point = to_100(2.0) - to_100(1.0)  # a difference of 1-5 scores is 25 points on 0-100
-    for m in ("consistency", "relevance"):
-        summary = summary.with_columns(
-            *(to_100(pl.col(f"{m}_{a}")).alias(f"{m}_{a}_100") for a in ("base", "adapter")),
-            (pl.col(f"{m}_gain") * point).alias(f"{m}_gain_100"))
-    # one line per measure, one column per persona (the summary transposed: it is wide)
-    rows = summary.with_columns(pl.selectors.float().round(3)).to_dicts()
-    width = max(len(c) for c in summary.columns)
-    for c in summary.columns:
-        typer.echo(f"{c:<{width}}" + "".join(f"  {str(r[c]):>12}" for r in rows))
+    for (persona_set,), part in sets.group_by(["persona_set"], maintain_order=True):
+        try:
+            result = roster_panel(lambda sql, params: _read_db(path, sql, params),
+                                  part["persona_id"].to_list(), persona_set,
+                                  MIN_CLUSTERS_FOR_SIGNIFICANCE, arm=arm)
+        except ValueError as e:
+            typer.echo(str(e), err=True)
+            raise typer.Exit(2) from None
+        typer.echo(panel_text(result, arm, persona_set))
 
 
 if __name__ == "__main__":

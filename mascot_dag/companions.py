@@ -51,16 +51,123 @@ def load_companions(
     **overrides,
 ) -> Companions:
     """The companions of profile `profile` (MASCOT_PROFILE when None) with the `alias` versions
-    from MLflow (base model + persona prompt where a persona has none). `overrides` are
-    DialogueConfig fields the user set (e.g. `max_new_tokens_agent` from `mascot chat`); None
-    values keep the profile's."""
+    from MLflow (LATEST or None: the latest versions; base model + persona prompt where a
+    persona has none; "base": no adapter at all). `overrides` are DialogueConfig fields the user
+    set (e.g. `max_new_tokens_agent` from `mascot chat`); None values keep the profile's."""
     from mascot_dag.profiles import resources_for
 
     resources = resources_for(profile)
     chat, tracking = profile_chat(resources, engine), resources["tracking"]
-    adapters, versions = attach_personas(chat, tracking, persona_ids, alias)
-    director, director_version = attach(chat, tracking, DIRECTOR_MODEL, alias)
+    if alias == BASE:  # the untrained group, to compare with (same prompts, seeds, config)
+        adapters, versions, director, director_version = {}, {}, None, None
+    else:
+        adapters, versions = attach_personas(chat, tracking, persona_ids, registry_alias(alias))
+        director, director_version = attach(chat, tracking, DIRECTOR_MODEL,
+                                            registry_alias(alias))
     base = config_from_settings(resources["settings"],
                                 **{k: v for k, v in overrides.items() if v is not None})
     _, config, _ = method_plan("mascot", [], base, adapters, director)
     return Companions(chat, config, versions, director_version)
+
+
+# `--models`: which registered versions speak. The default (None) is the champion when the
+# evaluation gate promoted one, else the latest trained versions: right after `make demo` (whose
+# few evaluation contexts cannot pass the gate) the chat still speaks with what was trained, and
+# every reply says it was not promoted.
+LATEST = "latest, not promoted"
+BASE = "base"  # `--models base`: no adapter, the base model with persona prompts
+
+
+def resolve_models(models: str | None, profile: str | None = None) -> str:
+    """The alias label of `--models`: `champion`, LATEST (for `latest`, or no champion yet when
+    `models` is None), or the user's own alias."""
+    from mascot_dag.profiles import resources_for
+    from mascot_dag.registry import champion_exists
+
+    if models == BASE:
+        return BASE
+    if models in (None, "", "auto"):
+        tracking = resources_for(profile)["tracking"]
+        return "champion" if champion_exists(tracking) else LATEST
+    return LATEST if models in ("latest", LATEST) else models
+
+
+def registry_alias(label: str | None) -> str | None:
+    """The MLflow alias a label resolves with: None (the latest version) for LATEST."""
+    return None if label in (None, LATEST, "latest") else label
+
+
+def roster_of(name: str | None):
+    """(cards, mode) of a persona set of the persona folder (None: the support roster); a
+    ValueError naming the sets when there is no such set."""
+    from mascot_dag.lib.data.personas import load_personas, mode_sets, personas_of_set
+
+    cards = load_personas()
+    roles = mode_sets(cards)
+    name = name or roles["support"]
+    roster = personas_of_set(cards, name)
+    if not roster:
+        sets = ", ".join(dict.fromkeys(c.persona_set for c in cards))
+        raise ValueError(f"--roster {name!r}: no such persona set (sets: {sets})")
+    mode = "meeting" if name == roles["workplace"] and name != roles["support"] else "support"
+    return roster, mode
+
+
+def terminal_chat(lines, echo, roster_name: str | None, models: str | None,
+                  engine: str | None, profile: str | None, turns: int = 0,
+                  seed: int = 0, **overrides) -> None:
+    """`mascot chat` in the terminal: `lines` the user's messages, `echo` prints. Every reply is
+    labelled with the persona's model and version (or the base model + persona prompt)."""
+    from mascot_dag.lib.dialogue.chat import ChatSession, version_label
+    from mascot_dag.registry import DIRECTOR_MODEL, persona_model
+
+    roster, mode = roster_of(roster_name)
+    label = resolve_models(models, profile)
+    group = load_companions([c.persona_id for c in roster], registry_alias(label), engine,
+                            profile, **overrides)
+    labels = {c.persona_id: version_label(persona_model(c.persona_id),
+                                          group.versions.get(c.persona_id), label)
+              for c in roster}
+    director = (version_label(DIRECTOR_MODEL, group.director_version, label)
+                if group.director_version else "base director")
+    if group.versions or group.director_version:
+        echo(f"Roster {roster[0].persona_set} ({mode}), models: {label}; "
+             f"{', '.join(labels.values())}; {director}")
+    else:
+        echo(f"Roster {roster[0].persona_set}: no trained versions ({label}) in MLflow: base "
+             "model with persona prompts (run `make demo`).")
+    session = ChatSession(roster, group.chat.generate, group.config, seed=seed, mode=mode,
+                          labels=labels)
+    echo("Type a message (empty line or 'quit' to stop).")
+    said = 0
+    for line in lines:
+        line = line.strip()
+        if not line or line.lower() in {"quit", "exit"}:
+            break
+        for card, reply, d in session.say(line):
+            echo(f"[{card.name}] <{labels[card.persona_id]}> ({d['action']}; {d['tone']}) {reply}")
+        said += 1
+        if turns and said >= turns:
+            break
+
+
+def served_adapters(models: str | None, profile: str | None = None) -> list[tuple[str, str]]:
+    """`mascot serve`'s adapters when none is named: [(NAME=models:/<model>/<version>, label)]
+    for every persona of the persona folder and the director with a version under `models`
+    (None: the champion, else the latest versions, labelled not promoted)."""
+    from mascot_dag.lib.data.personas import load_personas
+    from mascot_dag.lib.dialogue.chat import version_label
+    from mascot_dag.profiles import resources_for
+    from mascot_dag.registry import DIRECTOR_MODEL, persona_model, resolve_version
+
+    label = resolve_models(models, profile)
+    if label == BASE:
+        return []
+    tracking = resources_for(profile)["tracking"]
+    out = []
+    for model in [*(persona_model(c.persona_id) for c in load_personas()), DIRECTOR_MODEL]:
+        version = resolve_version(tracking, model, registry_alias(label))
+        if version is not None:
+            out.append((f"{model}=models:/{model}/{version}",
+                        version_label(model, version, label)))
+    return out

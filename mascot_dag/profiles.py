@@ -141,6 +141,15 @@ def settings_from_env(settings):
         if not isinstance(assignments, list) or not all(isinstance(a, str) for a in assignments):
             raise ValueError(f"MASCOT_SET={raw!r} must be a JSON list of KEY=VALUE strings")
         settings = override_settings(settings, assignments)
+    if os.environ.get("MASCOT_PERSONAS_DIR"):
+        # a user's persona folder rarely has a set named `support`: Stage 1 then aligns its
+        # first set (lib.data.personas.trained_set), the set whose ids the partitions hold
+        from mascot_dag.lib.data.personas import load_personas, trained_set
+
+        chosen = trained_set(load_personas(), settings.train_persona_set)
+        if chosen != settings.train_persona_set:
+            # a new resource, not model_copy: dagster rebuilds a resource from its init values
+            settings = type(settings)(**{**settings.model_dump(), "train_persona_set": chosen})
     return settings
 
 

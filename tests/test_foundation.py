@@ -78,8 +78,13 @@ def test_malformed_csv_fails_with_file_and_line_and_keeps_old_rows(home, tmp_pat
     msg = str(failure.step_failure_data.error.message) + str(failure.step_failure_data.error.cause)
     assert "bad.csv" in msg and "3" in msg
     assert _count(home, "SELECT count(*) FROM contexts")[0][0] == before
-    # With skip_bad_rows the bad row is skipped and counted.
+    # With skip_bad_rows a file keeping 1 of its 2 lines still fails (below min_kept_fraction,
+    # 0.9 by default); with the fraction lowered the bad row is skipped and counted.
     cfg["ops"]["contexts"]["config"]["skip_bad_rows"] = True
+    result = _materialize(home, run_config=cfg, raise_on_error=False)
+    assert not result.success and "only 1 of 2 data lines loaded" in str(result.all_events)
+    assert _count(home, "SELECT count(*) FROM contexts")[0][0] == before
+    cfg["ops"]["contexts"]["config"]["min_kept_fraction"] = 0.5
     ok = _materialize(home, run_config=cfg)
     assert ok.asset_materializations_for_node("contexts")[0].metadata["skipped_rows"].value == 1
 

@@ -99,6 +99,22 @@ def test_first_run_must_significantly_beat_zero_shot():
     assert d.comparator == "zero_shot" and d.promote
 
 
+def test_persona_criteria_need_the_probe_panel_to_agree():
+    """A candidate the judges would promote is kept out when the probe panel does not confirm
+    the persona effect, and promoted when it does; without evidence the judges decide alone."""
+    scores = _scores({"mascot": _shift(BASE, 0.5, 0.1), "zero_shot": BASE})
+    assert gate_decision(scores, champion_exists=False).promote
+    refuted = gate_decision(scores, champion_exists=False,
+                            persona_evidence=(False, "semantic/training: -0.8 [-7.8, +5.9]"))
+    assert not refuted.promote and "probe panel does not confirm" in refuted.reason
+    assert "semantic/training: -0.8" in refuted.reason
+    assert gate_decision(scores, champion_exists=False,
+                         persona_evidence=(True, "every reader sees it")).promote
+    # the panel cannot promote what the judges do not
+    flat = _scores({"mascot": _shift(BASE, 0.0, 0.2), "zero_shot": BASE})
+    assert not gate_decision(flat, champion_exists=False, persona_evidence=(True, "")).promote
+
+
 def test_existing_champion_not_evaluated_fails_closed():
     d = gate_decision(_scores({"mascot": _shift(BASE, 0.8), "zero_shot": BASE}),
                       champion_exists=True)

@@ -7,8 +7,10 @@ judge's scores of them), so no model is needed.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -291,10 +293,23 @@ def server(tmp_path_factory):
         stop_group(proc)
 
 
+@functools.cache
+def _browser_state(base: str) -> tuple[str, str]:
+    """The cookie and form token a browser holds after opening the item page: the page's guard
+    refuses POSTs without them (tests/test_web_security.py tries those)."""
+    q = urllib.parse.urlencode({"rater": "tester", "item": ITEM})
+    with urllib.request.urlopen(f"{base}/item?{q}", timeout=60) as r:
+        cookie = r.headers["set-cookie"].split(";")[0]
+        token = re.search(r"name='csrf_token' value='([^']+)'", r.read().decode()).group(1)
+    return cookie, token
+
+
 def _post(base: str, form: dict | str, ctype: str = "application/x-www-form-urlencoded"):
     data = form if isinstance(form, str) else urllib.parse.urlencode(form)
+    cookie, token = _browser_state(base)
     req = urllib.request.Request(f"{base}/item", data=data.encode(), method="POST",
-                                 headers={"Content-Type": ctype})
+                                 headers={"Content-Type": ctype, "Cookie": cookie,
+                                          "X-CSRF-Token": token})
     try:
         with urllib.request.urlopen(req, timeout=60) as r:
             return r.status, r.read().decode()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import shutil
 from importlib import resources
 from pathlib import Path
 
@@ -94,7 +93,7 @@ def test_good_csv_is_accepted(home):
     assert len(load_empathetic_dialogues(ed[0]).contexts) == 2
     # The same conversations dropped again are refused: the contexts asset would see duplicates.
     again = _good_csv(inbox / "mine.csv")
-    with pytest.raises(DataFileError, match="already accepted"):
+    with pytest.raises(DataFileError, match=r"ed:in:1 is already read from .*incoming.*mine\.csv"):
         validate_file(again, home)
 
 
@@ -123,7 +122,11 @@ def test_good_jsonl_is_accepted(home):
     f1.write_text(json.dumps(_meeting("launch")) + "\n", encoding="utf-8")
     f2 = inbox / "Academic" / "seminar.jsonl"
     f2.write_text(json.dumps(_meeting("seminar")) + "\n", encoding="utf-8")
-    shutil.copy(DATA / "qmsum" / "Committee" / "demo.jsonl", inbox / "committee_demo.jsonl")
+    # The packaged committee meeting with one turn changed: a new transcript (an exact copy is
+    # refused, as the packaged data holds its ids: tests/test_faults_data.py).
+    meeting = json.loads((DATA / "qmsum" / "Committee" / "demo.jsonl").read_text(encoding="utf-8"))
+    meeting["meeting_transcripts"][0]["content"] += " (second sitting)"
+    (inbox / "committee_demo.jsonl").write_text(json.dumps(meeting) + "\n", encoding="utf-8")
     outcomes = process_inbox(home)
     assert all(o.accepted for o in outcomes), [o.error for o in outcomes]
     ed, qm = incoming_sources(home)

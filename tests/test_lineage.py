@@ -160,9 +160,18 @@ def test_persona_probe_is_paired(lineage):
         assert counts[(p, "base")] == counts[(p, "adapter")] > 0  # same units in both arms
     unpaired = q(home, "SELECT count(*) FROM persona_probe a LEFT JOIN persona_probe b "
                        "ON a.persona_id = b.persona_id AND a.context_id = b.context_id "
-                       "AND a.seed = b.seed AND b.arm = 'base' WHERE a.arm = 'adapter' "
-                       "AND b.text IS NULL")[0][0]
+                       "AND a.seed = b.seed AND a.format = b.format AND b.arm = 'base' "
+                       "WHERE a.arm = 'adapter' AND b.text IS NULL")[0][0]
     assert unpaired == 0
+    assert {r[0] for r in q(home, "SELECT DISTINCT format FROM persona_probe")} == \
+        {"training", "chat"}
+    # every text read by every reader of the panel, each reader's validity stored
+    readers = {r[0] for r in q(home, "SELECT reader FROM probe_readers")}
+    assert readers == {"lexical", "semantic"}  # the tiny profile has no LLM judge
+    unread = q(home, "SELECT count(*) FROM persona_probe p CROSS JOIN probe_readers r "
+                     "LEFT JOIN probe_readings x USING (persona_id, context_id, seed, arm, "
+                     "format, reader) WHERE x.identifiable IS NULL")[0][0]
+    assert unread == 0
 
 
 def test_registry_holds_versions_linked_to_runs(lineage):
@@ -256,8 +265,8 @@ def test_chat_two_turns_with_the_trained_group(lineage):
         env=env, capture_output=True, text=True, timeout=600,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
-    # champion versions when the gate promoted, else the base model with persona prompts
-    assert "Using champion versions" in proc.stdout or "No champion in MLflow yet" in proc.stdout
+    # the champion when the gate promoted, else the latest trained versions, labelled so
+    assert "models: champion" in proc.stdout or "models: latest, not promoted" in proc.stdout
     replies = [ln for ln in proc.stdout.splitlines() if ln.startswith("[")]
     from mascot_dag.profiles import settings_for
 
@@ -275,6 +284,27 @@ def test_report_command(lineage):
                           env={**os.environ, "MASCOT_HOME": str(home)},
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and "latest.md" in proc.stdout
+
+
+def test_probe_command_prints_the_panel(lineage):
+    """`mascot probe` on the demo's home: one row per reader and format with the reader's
+    accuracy, the agreement of the readers (kappa) and the verdict line."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    proc = subprocess.run([str(Path(sys.executable).parent / "mascot"), "probe"],
+                          env={**os.environ, "MASCOT_HOME": str(lineage["home"])},
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = proc.stdout
+    rows = [ln.split() for ln in out.splitlines()
+            if ln.split()[:1] in (["lexical"], ["semantic"])]
+    assert sorted((r[0], r[1]) for r in rows) == [
+        ("lexical", "chat"), ("lexical", "training"), ("semantic", "chat"),
+        ("semantic", "training")], out
+    assert all(r[2].endswith("%") and r[3] in ("yes", "no") for r in rows), out
+    assert "Cohen's kappa" in out and "verdict: " in out, out
 
 
 def test_rerun_materialises_only_what_is_missing(lineage):

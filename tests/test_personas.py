@@ -72,13 +72,14 @@ def test_system_prompt_has_name_and_examples(style):
 def test_missing_field_names_file_and_field(tmp_path):
     card = _card()
     del card["role"]
-    path = _write(tmp_path, {"set": "support", "personas": [card]})
+    path = _write(tmp_path, {"set": "support", "personas": [card, _card("other")]})
     with pytest.raises(PersonaFileError, match=r"broken\.yaml: persona tester: field 'role'"):
         load_persona_file(path)
 
 
 def test_too_few_examples(tmp_path):
-    path = _write(tmp_path, {"set": "support", "personas": [_card(examples=["only one", "two"])]})
+    path = _write(tmp_path, {"set": "support",
+                             "personas": [_card(examples=["only one", "two"]), _card("other")]})
     with pytest.raises(PersonaFileError, match=r"broken\.yaml: persona tester: field 'examples'"):
         load_persona_file(path)
 
@@ -93,7 +94,7 @@ def test_not_a_mapping(tmp_path):
     path = _write(tmp_path, [_card()])
     with pytest.raises(PersonaFileError, match=r"broken\.yaml: expected a mapping"):
         load_persona_file(path)
-    path = _write(tmp_path, {"set": "support", "personas": ["just a string"]})
+    path = _write(tmp_path, {"set": "support", "personas": ["just a string", _card()]})
     with pytest.raises(PersonaFileError, match=r"broken\.yaml: personas\[0\] is not a mapping"):
         load_persona_file(path)
 
@@ -106,5 +107,7 @@ def test_non_utf8_file(tmp_path):
 
 
 def test_valid_tmp_card_loads(tmp_path):
-    cards = load_persona_file(_write(tmp_path, {"set": "workplace", "personas": [_card()]}))
-    assert [(c.persona_id, c.persona_set) for c in cards] == [("tester", "workplace")]
+    cards = load_persona_file(_write(tmp_path, {"set": "workplace",
+                                                "personas": [_card(), _card("other")]}))
+    assert [(c.persona_id, c.persona_set) for c in cards] == [("tester", "workplace"),
+                                                              ("other", "workplace")]

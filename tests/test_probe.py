@@ -1,4 +1,5 @@
-"""The persona probe: its independent classifier, and the paired, context-clustered summary."""
+"""The persona probe: its panel of readers, the paired, context-clustered summary, and the one
+verdict rule (a gain counts when every valid reader sees it)."""
 
 from __future__ import annotations
 
@@ -9,17 +10,20 @@ import pytest
 
 from mascot_dag.lib.data.personas import load_personas, personas_of_set
 from mascot_dag.lib.evaluation.stats import paired_cluster_bootstrap, significance_mark
-from mascot_dag.lib.stage1 import probe
+from mascot_dag.lib.stage1 import panel, probe, readers
 
 
 @pytest.mark.parametrize("persona_set", ["support", "workplace"])
-def test_reference_classifier_recognises_held_out_reference_utterances(persona_set):
-    utterances = probe.load_reference_utterances(persona_set)
+def test_readers_recognise_held_out_reference_utterances(persona_set):
+    utterances = readers.load_reference_utterances(persona_set)
     cards = personas_of_set(load_personas(), persona_set)
     assert set(utterances) == {c.persona_id for c in cards}
     assert all(len(v) >= 30 for v in utterances.values())
-    # well above chance (1/4) on utterances it never saw: the probe can tell personas apart
-    assert probe.cross_validated_accuracy(utterances) > 0.55
+    # well above chance (1/4) on utterances they never saw: both can tell personas apart; whether
+    # that is enough to count is the panel's threshold (measured: support lexical 71%, semantic
+    # 78%; workplace 60% and 49%, so no reader counts there yet)
+    for make in readers.FITTED_READERS.values():
+        assert readers.cross_validated_accuracy(make, utterances) > 0.45, make.name
 
 
 def test_reference_utterances_do_not_copy_the_cards():
@@ -28,16 +32,16 @@ def test_reference_utterances_do_not_copy_the_cards():
 
     for card in personas_of_set(load_personas(), "support"):
         grams = card_grams(card)
-        texts = probe.load_reference_utterances("support")[card.persona_id]
+        texts = readers.load_reference_utterances("support")[card.persona_id]
         assert sum(copied_grams(t, grams) > 0 for t in texts) == 0, card.persona_id
 
 
 def test_bad_reference_file_names_the_file(tmp_path):
     (tmp_path / "support.yaml").write_text("utterances:\n  anchor: [1, 2]\n  beacon: ['x']\n")
     with pytest.raises(ValueError, match=r"support\.yaml: utterances\.anchor"):
-        probe.load_reference_utterances("support", tmp_path)
+        readers.load_reference_utterances("support", tmp_path)
     with pytest.raises(FileNotFoundError, match="workplace"):
-        probe.load_reference_utterances("workplace", tmp_path)
+        readers.load_reference_utterances("workplace", tmp_path)
 
 
 def _table(gain_contexts: int, n_contexts: int = 10) -> pl.DataFrame:
@@ -105,8 +109,9 @@ def test_paired_cluster_bootstrap_resamples_contexts_not_units():
 
 
 def _roster_rows(gains: dict[str, int], n_contexts: int = 12) -> pl.DataFrame:
-    """persona_probe-shaped rows: for each persona, the adapter is identifiable on its first
-    `gain` contexts (negative: the base is identifiable there and the adapter is not)."""
+    """One reader's view of persona_probe-shaped rows: for each persona, the adapter is
+    identifiable on its first `gain` contexts (negative: the base is identifiable there and the
+    adapter is not)."""
     rows = []
     for persona, gain in gains.items():
         for c in range(n_contexts):
@@ -114,12 +119,31 @@ def _roster_rows(gains: dict[str, int], n_contexts: int = 12) -> pl.DataFrame:
                 hit = c < abs(gain)
                 for arm, ident in (("base", hit and gain < 0), ("adapter", hit and gain > 0)):
                     rows.append({"persona_id": persona, "context_id": f"c{c}", "seed": s,
-                                 "arm": arm, "model_version": f"m-{persona}/1" if arm ==
-                                 "adapter" else "base", "text": f"{arm} {c} {s}",
-                                 "predicted": persona if ident else "other",
-                                 "identifiable": float(ident), "consistency": 3.0,
+                                 "arm": arm, "format": "training",
+                                 "model_version": f"m-{persona}/1" if arm == "adapter" else "base",
+                                 "text": f"{arm} {c} {s}", "predicted": persona if ident else
+                                 "other", "identifiable": float(ident), "consistency": 3.0,
                                  "relevance": 3.0, "copied": 0.0})
     return pl.DataFrame(rows)
+
+
+def _plant(db: str, gains: dict[str, int], others: dict[str, dict[str, int]] | None = None,
+           accuracies: dict[str, float] | None = None) -> None:
+    """Write persona_probe, probe_readings and probe_readers into a real DuckDB file: the
+    lexical reader sees `gains`, every reader of `others` its own gains."""
+    from mascot_dag.lib.storage.db import replace_many
+
+    views = {"lexical": gains, **(others or {})}
+    accuracies = accuracies or dict.fromkeys(views, 0.9)
+    texts = _roster_rows(gains).drop("predicted", "identifiable")
+    readings = pl.concat([_roster_rows(g).select(*panel.UNIT, "predicted", "identifiable")
+                          .with_columns(reader=pl.lit(r)) for r, g in views.items()])
+    replace_many(db, [("persona_probe", texts, None, None),
+                      ("probe_readings", readings, None, None),
+                      ("probe_readers", pl.DataFrame({"persona_set": "support",
+                                                      "reader": list(accuracies),
+                                                      "accuracy": list(accuracies.values())}),
+                       None, None)])
 
 
 ROSTER = ("anchor", "beacon", "catalyst", "action_guide")
@@ -158,7 +182,6 @@ def test_roster_probe_asset_is_the_stage1_gate(tmp_path, blocking):
     import dagster as dg
 
     from mascot_dag.assets.probe import persona_roster_probe
-    from mascot_dag.lib.storage.db import replace_rows
     from mascot_dag.resources.settings import LineageSettings
     from mascot_dag.resources.store import DuckDBStore
     from mascot_dag.resources.tracking import MLflowResource
@@ -170,7 +193,7 @@ def test_roster_probe_asset_is_the_stage1_gate(tmp_path, blocking):
                  "settings": LineageSettings(probe_blocking=blocking)}
 
     def run(gains):
-        replace_rows(db, "persona_probe", _roster_rows(gains))
+        _plant(db, gains)
         return dg.materialize([persona_roster_probe], resources=resources, raise_on_error=False)
 
     good = run({"anchor": 6, "catalyst": 6, "beacon": 0, "action_guide": 0})
@@ -205,7 +228,6 @@ def test_the_stage1_gate_decides_whether_the_walk_reaches_stage2(home, monkeypat
     walk started it.)"""
     import dagster as dg
 
-    from mascot_dag.lib.storage.db import replace_rows
     from mascot_dag.pipeline import (
         AP,
         lineage_definitions,
@@ -220,7 +242,7 @@ def test_the_stage1_gate_decides_whether_the_walk_reaches_stage2(home, monkeypat
     prepare_home()
     resources = resources_for()
     resources["settings"] = override_settings(resources["settings"], ["probe_blocking=true"])
-    replace_rows(str(resources["store"].db_path), "persona_probe", _roster_rows(gains))
+    _plant(str(resources["store"].db_path), gains)
     graph = lineage_definitions(resources).resolve_asset_graph()
     selection: set[AP] = parse_selection(graph, ["persona_roster_probe", "group_rollouts"])
     with dg.DagsterInstance.ephemeral() as instance:
@@ -238,8 +260,8 @@ def test_the_stage1_gate_decides_whether_the_walk_reaches_stage2(home, monkeypat
 @pytest.mark.slow
 def test_adapters_identical_to_the_base_fail_the_stage1_gate(tmp_path, base_model_path):
     """Known outcome: a real LoRA adapter at its initialisation (B = 0: the base model's outputs)
-    for one persona, through the real probe (generation, judge, classifier): every text equals
-    the base's, the gain is exactly zero, and the roster verdict does not pass."""
+    for one persona, through the real probe (generation in both formats, judge, three readers):
+    every text equals the base's, the gain is exactly zero, and the verdict does not pass."""
     import polars as pl
     import torch
     from peft import LoraConfig, get_peft_model
@@ -261,16 +283,167 @@ def test_adapters_identical_to_the_base_fail_the_stage1_gate(tmp_path, base_mode
     settings = settings_for("tiny")
     roster = personas_of_set(load_personas(), "support")
     ctxs = load_empathetic_dialogues(DEMO_ED).contexts[:4]
-    judge, rows, summaries = EmbeddedJudge(), [], []
-    for card in roster[:1]:
-        table, summary = probe.probe_persona(backend.generate, judge, card, roster, ctxs,
-                                             {"adapter": "identity"}, "identity/1", settings)
-        rows.append(table)
-        summaries.append(summary)
-    table = pl.concat(rows)
-    base = table.filter(pl.col("arm") == "base").sort("persona_id", "context_id", "seed")
-    adapted = table.filter(pl.col("arm") == "adapter").sort("persona_id", "context_id", "seed")
-    assert base["text"].to_list() == adapted["text"].to_list()
-    summary = probe.summarise(table, seed=settings.seed)
-    verdict = probe.roster_verdict(summary, [roster[0].persona_id], 4)
+    # the panel: the fitted readers, and the embedded model itself as the judge reader (the
+    # paper profiles' LLM judge path, on the model this machine has)
+    judge_reader = readers.JudgeReader(backend.generate, {
+        c.persona_id: f"{c.name}, {c.role}. {c.description}" for c in roster})
+    readers_panel = [*readers.fitted_panel("support", settings.seed), (judge_reader, 0.3)]
+    card = roster[0]
+    table, readings, summary = probe.probe_persona(
+        backend.generate, EmbeddedJudge(), card, roster, ctxs, {"adapter": "identity"},
+        "identity/1", settings, readers_panel)
+    assert set(table["format"]) == set(settings.probe_formats) == {"training", "chat"}
+    for fmt in settings.probe_formats:
+        part = table.filter(pl.col("format") == fmt)
+        base = part.filter(pl.col("arm") == "base").sort("context_id", "seed")
+        adapted = part.filter(pl.col("arm") == "adapter").sort("context_id", "seed")
+        assert base["text"].to_list() == adapted["text"].to_list()
+    # the two formats are different requests (the chat one has no training scaffolding)
+    training, chat = (table.filter((pl.col("format") == f) & (pl.col("arm") == "base"))
+                      .sort("context_id")["text"].to_list() for f in ("training", "chat"))
+    assert training != chat
+    assert set(readings["reader"]) == {"lexical", "semantic", "judge"}
+    assert readings.height == 3 * table.height
+    judged = readings.filter(pl.col("reader") == "judge")["predicted"].to_list()
+    assert all(p is None or p in {c.persona_id for c in roster} for p in judged)
+    assert set(summary["reader"]) == {"lexical", "semantic", "judge"}
+    accuracies = {r.name: a for r, a in readers_panel}
+    verdict = panel.persona_verdict(summary, accuracies, card.persona_id, 4)
     assert verdict.gain == 0 and not verdict.passed, verdict.description
+    assert "judge" in verdict.invalid  # a reader below the threshold never counts
+
+
+def _verdict(views: dict[str, dict[str, int]], accuracies: dict[str, float], n_contexts=12):
+    summary = probe.reader_summary(
+        _roster_rows(next(iter(views.values())), n_contexts).drop("predicted", "identifiable"),
+        pl.concat([_roster_rows(g, n_contexts).select(*panel.UNIT, "predicted", "identifiable")
+                   .with_columns(reader=pl.lit(r)) for r, g in views.items()]))
+    return panel.panel_verdict(summary, accuracies, list(next(iter(views.values()))), 6)
+
+
+def test_the_verdict_needs_every_valid_reader():
+    gain = {"anchor": 8, "catalyst": 8, "beacon": 8, "action_guide": 8}
+    flat = dict.fromkeys(ROSTER, 0)
+    valid = {"lexical": 0.8, "semantic": 0.8}
+    both = _verdict({"lexical": gain, "semantic": gain}, valid)
+    assert both.passed and set(both.established) == set(ROSTER) and not both.invalid
+    # one valid reader sees nothing: no gain, and the figure reported is that reader's
+    one = _verdict({"lexical": gain, "semantic": flat}, valid)
+    assert not one.passed and one.reader == "semantic/training" and one.gain == 0
+    assert one.established == () and "does not pass" in one.description
+    # ... unless that reader is not valid (below 75% on held-out references): it does not count
+    weak = _verdict({"lexical": gain, "semantic": flat}, {"lexical": 0.8, "semantic": 0.6})
+    assert weak.passed and weak.invalid == ("semantic",) and weak.reader == "lexical/training"
+    assert "semantic/training (reader accuracy 60%, does not count)" in weak.description
+    # a persona made worse under ANY valid reader blocks, however good the pooled figure
+    worse = _verdict({"lexical": gain, "semantic": {**gain, "beacon": -12}}, valid)
+    assert not worse.passed and worse.worse == ("beacon",)
+    assert "beacon" not in worse.established
+    # no valid reader: nothing is established
+    none = _verdict({"lexical": gain, "semantic": gain}, {"lexical": 0.7, "semantic": 0.7})
+    assert not none.passed and none.established == () and "no valid reader" in none.description
+
+
+def test_reader_agreement_is_cohens_kappa():
+    rows = _roster_rows({"anchor": 6, "beacon": 0}).select(*panel.UNIT, "predicted",
+                                                           "identifiable")
+    same = pl.concat([rows.with_columns(reader=pl.lit(r)) for r in ("lexical", "semantic")])
+    assert panel.reader_agreement(same)["kappa"].to_list() == [pytest.approx(1.0)]
+    flipped = rows.with_columns(predicted=pl.when(pl.col("predicted") == "other")
+                                .then(pl.col("persona_id")).otherwise(pl.lit("other")))
+    opposite = pl.concat([rows.with_columns(reader=pl.lit("lexical")),
+                          flipped.with_columns(reader=pl.lit("semantic"))])
+    agreement = panel.reader_agreement(opposite).row(0, named=True)
+    assert agreement["kappa"] < 0 and agreement["n_texts"] == rows.height
+
+
+def _keywords(utterances: dict[str, list[str]], persona: str, n: int) -> list[str]:
+    """The words most particular to a persona's references (count here / count elsewhere)."""
+    import re
+    from collections import Counter
+
+    def words(pid):
+        return Counter(w for t in utterances[pid] for w in re.findall(r"[a-z']+", t.lower()))
+
+    mine = words(persona)
+    other = sum((words(q) for q in utterances if q != persona), Counter())
+    score = {w: c / (1 + other[w]) for w, c in mine.items() if c >= 2 and len(w) > 3}
+    return [w for w, _ in sorted(score.items(), key=lambda kv: (-kv[1], kv[0]))[:n]]
+
+
+def test_keyword_stuffing_gains_nothing_under_the_panel_while_a_true_shift_does():
+    """Known outcomes with the real readers, fitted on three quarters of the support
+    references: 'adapter' texts that say what ANOTHER persona says (a held-out reference of
+    it) plus three of the intended persona's most particular words fool the lexical reader
+    alone, so the panel gives no gain; 'adapter' texts that truly are the intended persona
+    (its held-out references) give a gain every reader sees."""
+    import numpy as np
+
+    refs = readers.load_reference_utterances("support")
+    rng = np.random.default_rng(0)
+    train, held = {}, {}
+    for pid, texts in refs.items():
+        order = rng.permutation(len(texts))
+        held[pid] = [texts[i] for i in order[:len(texts) // 4]]
+        train[pid] = [texts[i] for i in order[len(texts) // 4:]]
+    fitted = [(readers.LexicalReader(train), 0.0), (readers.SemanticReader(train), 0.0)]
+    ids = sorted(refs)
+
+    def probe_of(adapter_text) -> pl.DataFrame:
+        rows = []
+        for pid in ids:
+            others = [q for q in ids if q != pid]
+            for i in range(len(held[pid])):
+                q = others[i % len(others)]
+                base = held[q][i % len(held[q])]
+                for arm, text in (("base", base), ("adapter", adapter_text(pid, i, base))):
+                    rows.append({"persona_id": pid, "context_id": f"{pid}-{i}", "seed": 0,
+                                 "arm": arm, "format": "training", "text": text,
+                                 "consistency": 3.0, "relevance": 3.0, "copied": 0.0})
+        texts = pl.DataFrame(rows)
+        return probe.reader_summary(texts, probe.read_texts(fitted, texts))
+
+    def pooled(summary, reader):
+        return summary.filter((pl.col("reader") == reader) & (pl.col("persona") == "all")).row(
+            0, named=True)
+
+    # the rule under test, not the readers' validity (at three quarters of the references
+    # they sit just under 75%; the threshold has its own test above)
+    every = {"lexical": 1.0, "semantic": 1.0}
+    stuffed = probe_of(lambda pid, i, base: f"{base} {' '.join(_keywords(train, pid, 3))}")
+    assert pooled(stuffed, "lexical")["identifiable_lo"] > 0.15  # fooled: a "significant" gain
+    assert pooled(stuffed, "semantic")["identifiable_lo"] <= 0  # not fooled: CI holds zero
+    verdict = panel.panel_verdict(stuffed, every, ids, 6)
+    assert not verdict.passed and verdict.reader == "semantic/training", verdict.description
+    shifted = probe_of(lambda pid, i, base: held[pid][i])
+    verdict = panel.panel_verdict(shifted, every, ids, 6)
+    assert verdict.passed and verdict.lo > 0.2, verdict.description
+
+
+def test_a_database_from_before_the_panel_keeps_its_probe_rows(tmp_path):
+    """An older file (persona_probe with the one classifier's prediction in it) is migrated on
+    the first write connection: texts keep their rows as the training format, the prediction
+    becomes the lexical reader's reading, nothing is lost."""
+    import duckdb
+
+    from mascot_dag.lib.storage import db
+
+    path = tmp_path / "old.duckdb"
+    with duckdb.connect(str(path)) as con:
+        con.execute("""CREATE TABLE persona_probe (
+            persona_id VARCHAR NOT NULL, context_id VARCHAR NOT NULL, seed INTEGER NOT NULL,
+            arm VARCHAR NOT NULL, model_version VARCHAR NOT NULL, text VARCHAR NOT NULL,
+            predicted VARCHAR, identifiable DOUBLE NOT NULL, consistency DOUBLE,
+            relevance DOUBLE, copied DOUBLE NOT NULL,
+            PRIMARY KEY (persona_id, context_id, seed, arm))""")
+        con.execute("INSERT INTO persona_probe VALUES ('anchor', 'ed:1', 0, 'adapter', 'm/1', "
+                    "'I hear you.', 'anchor', 1.0, 4.0, 3.0, 0.0), ('anchor', 'ed:1', 0, 'base', "
+                    "'base', 'Ok.', 'beacon', 0.0, 2.0, 3.0, 0.0)")
+    with db.connect(path):
+        pass
+    texts = db.query_pl(path, "SELECT * FROM persona_probe ORDER BY arm")
+    assert texts["format"].to_list() == ["training", "training"]
+    assert texts["text"].to_list() == ["I hear you.", "Ok."] and "predicted" not in texts.columns
+    readings = db.query_pl(path, "SELECT * FROM probe_readings ORDER BY arm")
+    assert readings.select("arm", "reader", "predicted", "identifiable").rows() == [
+        ("adapter", "lexical", "anchor", 1.0), ("base", "lexical", "beacon", 0.0)]

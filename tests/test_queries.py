@@ -78,11 +78,19 @@ def database(home) -> Path:
             ("d2", 1, "beacon", "encourage", "upbeat", "ok", "{}"),
         ])
         _insert(con, "persona_probe", [
-            ("anchor", "ed:3", 0, "base", "base", "You will be fine.", "beacon", 0.0, 2.0, 3.0,
+            ("anchor", "ed:3", 0, "base", "training", "base", "You will be fine.", 2.0, 3.0,
              0.0),
-            ("anchor", "ed:3", 0, "adapter", "mascot-persona-anchor/2", "That hurts, it makes "
-             "sense.", "anchor", 1.0, 4.0, 3.5, 0.0),
+            ("anchor", "ed:3", 0, "adapter", "training", "mascot-persona-anchor/2",
+             "That hurts, it makes sense.", 4.0, 3.5, 0.0),
         ])
+        _insert(con, "probe_readings", [
+            ("anchor", "ed:3", 0, "base", "training", "lexical", "beacon", 0.0),
+            ("anchor", "ed:3", 0, "adapter", "training", "lexical", "anchor", 1.0),
+            ("anchor", "ed:3", 0, "base", "training", "semantic", "anchor", 1.0),
+            ("anchor", "ed:3", 0, "adapter", "training", "semantic", "anchor", 1.0),
+        ])
+        _insert(con, "probe_readers", [("support", "lexical", 0.71), ("support", "semantic",
+                                                                          0.78)])
         _insert(con, "eval_scores", [
             ("mascot", "d1", "agent", "embedded", "Consistency", 4.0, True),
             ("mascot", "d3", "agent", "embedded", "Consistency", 3.0, True),
@@ -120,9 +128,12 @@ def test_query_values(database):
     r = _run_all(database)
 
     probe = r["persona_probe"]
-    assert _row(probe, arm="adapter")["identifiable"] == 1.0
-    assert _row(probe, arm="base")["identifiable"] == 0.0
-    assert _row(probe, arm="adapter")["model_version"] == "mascot-persona-anchor/2"
+    assert _row(probe, arm="adapter", reader="lexical")["identifiable"] == 1.0
+    assert _row(probe, arm="base", reader="lexical")["identifiable"] == 0.0
+    assert _row(probe, arm="base", reader="semantic")["identifiable"] == 1.0
+    assert _row(probe, arm="base", reader="semantic")["reader_accuracy"] == 0.78
+    assert _row(probe, arm="adapter", reader="lexical")["model_version"] == \
+        "mascot-persona-anchor/2"
 
     ps = r["persona_scores"]
     row = _row(ps, persona_id="anchor", criterion="Consistency")

@@ -98,7 +98,9 @@ def test_grpo_at_demo_settings_changes_outputs_and_the_probe_sees_it(
         return pl.Series([next(s.score for s in ss if s.criterion == name) for ss in scores],
                          dtype=pl.Float64)
 
-    clf = probe.ReferenceClassifier.for_set("support")
+    from mascot_dag.lib.stage1.readers import LexicalReader, load_reference_utterances
+
+    clf = LexicalReader(load_reference_utterances("support"))
     identifiable = [float(p == "catalyst") for p in clf.predict(table["text"].to_list())]
     table = table.with_columns(consistency=criterion("consistency"),
                                relevance=criterion("response_relevance"), copied=pl.lit(0.0),

@@ -25,7 +25,7 @@ from mascot_dag.lib.dialogue.chat import (
     MAX_MESSAGE_CHARS,
     ChatInputError,
     ChatSession,
-    SessionStore,
+    IdleSessions,
     UnknownSession,
     check_message,
     version_label,
@@ -138,10 +138,16 @@ def test_check_message_accepts_the_limit_and_collapses_whitespace():
 
 def test_session_store_is_bounded_and_names_unknown_ids():
     group = ChatGroup(ROSTERS, Scripted("{}"), DialogueConfig())
-    store = SessionStore(group.session, max_sessions=2)
+    now = [0.0]
+    store = IdleSessions(group.session, max_sessions=2, idle_s=60, clock=lambda: now[0])
     first, _ = store.create("support")
     second, _ = store.create("workplace")
-    store.get(first)  # now the most recently used: `second` is evicted next
+    with pytest.raises(ChatInputError, match="none has been idle") as full:
+        store.create("support")  # both are active: nobody is pushed out
+    assert full.value.status == 503
+    now[0] = 50.0
+    store.get(first)  # used again: `second` is now the only idle one
+    now[0] = 100.0
     third, _ = store.create("support")
     assert len(store) == 2 and store.get(first).roster_set == "support"
     assert store.get(third).session is not store.get(first).session
@@ -177,45 +183,49 @@ def page_server():
     thread.join(timeout=10)
 
 
-def _sid(html: str) -> str:
-    marker = 'name="session_id" value="'
+def _field(html: str, name: str) -> str:
+    marker = f'name="{name}" value="'
     start = html.index(marker) + len(marker)
     return html[start : html.index('"', start)]
+
+
+def _sid(html: str) -> str:
+    return _field(html, "session_id")
 
 
 def test_page_answers_and_refuses_bad_input_with_4xx(page_server):
     s = requests.Session()
     first = s.get(page_server + "/", timeout=10)
     assert first.status_code == 200 and "The Anchor" in first.text
-    sid = _sid(first.text)
-    assert s.cookies.get("mascot_chat") == sid
+    assert _sid(first.text) == ""  # a GET opens no conversation (tests/test_web_security.py)
+    token = _field(first.text, "csrf_token")  # the page's guard wants it back with every form
 
-    ok = s.post(
-        page_server + "/say", data={"session_id": sid, "message": "I feel lost."}, timeout=30
-    )
+    def post(path: str, timeout: float = 10, **fields: str) -> requests.Response:
+        return s.post(page_server + path, data={**fields, "csrf_token": token}, timeout=timeout)
+
+    ok = post("/say", 30, session_id="", message="I feel lost.")  # the first message opens it
     assert ok.status_code == 200 and ok.history[0].status_code == 303
+    sid = _sid(ok.text)
+    assert sid and s.cookies.get("mascot_chat") == sid
     assert 'class="persona">The Anchor<' in ok.text and "reassure" in ok.text
     assert "mascot-persona-anchor/3 (champion)" in ok.text and "I feel lost." in ok.text
 
-    empty = s.post(page_server + "/say", data={"session_id": sid, "message": "   "}, timeout=10)
+    empty = post("/say", session_id=sid, message="   ")
     assert empty.status_code == 400 and "empty message" in empty.text
     assert "I feel lost." in empty.text  # the transcript is still on the error page
-    long = "z" * (MAX_MESSAGE_CHARS + 5)
-    big = s.post(page_server + "/say", data={"session_id": sid, "message": long}, timeout=10)
+    big = post("/say", session_id=sid, message="z" * (MAX_MESSAGE_CHARS + 5))
     assert big.status_code == 413 and f"the limit is {MAX_MESSAGE_CHARS}" in big.text
-    huge = s.post(
-        page_server + "/say", data={"session_id": sid, "message": "z" * MAX_BODY_BYTES}, timeout=10
-    )
+    huge = post("/say", session_id=sid, message="z" * MAX_BODY_BYTES)
     assert huge.status_code == 413 and "request body over" in huge.text
-    unknown = s.post(page_server + "/say", data={"session_id": "nope", "message": "hi"}, timeout=10)
+    unknown = post("/say", session_id="nope", message="hi")
     assert unknown.status_code == 404 and "unknown chat session &#x27;nope&#x27;" in unknown.text
     bad_roster = requests.get(page_server + "/?roster=family", timeout=10)
     assert bad_roster.status_code == 400 and "unknown roster" in bad_roster.text
     # a failing model is a 500 page for that message; the server keeps serving
-    failed = s.post(page_server + "/say", data={"session_id": sid, "message": "boom"}, timeout=10)
+    failed = post("/say", session_id=sid, message="boom")
     assert failed.status_code == 500 and "scripted model failure" in failed.text
     assert failed.text.count('class="turn user"') == 1  # the failed message was rolled back
-    again = s.post(page_server + "/new", data={"roster": "workplace"}, timeout=10)
+    again = post("/new", roster="workplace")
     assert again.status_code == 200 and "The Facilitator" in again.text
     assert _sid(again.text) != sid and "I feel lost." not in again.text
 
@@ -223,7 +233,7 @@ def test_page_answers_and_refuses_bad_input_with_4xx(page_server):
 def test_render_escapes_what_users_and_models_wrote():
     model = Scripted('{"speaker": "anchor", "action": "<b>x</b>", "tone": "calm"}', "<script>1")
     group = ChatGroup(ROSTERS, model, DialogueConfig(agents_per_round=1))
-    store = SessionStore(group.session)
+    store = IdleSessions(group.session)
     sid, conv = store.create("support")
     conv.session.say("<img src=x onerror=alert(1)>")
     page = render(group, conv, sid)

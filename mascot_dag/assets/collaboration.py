@@ -14,6 +14,7 @@ from mascot_dag.assets.common import (
     fingerprint,
     progress,
     table_metadata,
+    user_profiles,
 )
 from mascot_dag.assets.queries import (
     all_contexts,
@@ -23,7 +24,6 @@ from mascot_dag.assets.queries import (
     rosters,
     write_dialogues,
 )
-from mascot_dag.lib.data.users import load_user_profiles
 from mascot_dag.lib.dialogue.director import directive_pattern
 from mascot_dag.lib.dialogue.engine import run_dialogues
 from mascot_dag.lib.dialogue.rollout import build_specs, records_from_frames
@@ -54,7 +54,7 @@ def group_rollouts(
     """Director + aligned agents (+ simulated MBTI users in support mode) on train contexts."""
     roster = rosters(store)
     specs = build_specs(pick_contexts(store, "train", settings.rollout_dialogues), roster,
-                        load_user_profiles(), settings.agent_turns, ROLLOUT_PREFIX, settings.seed)
+                        user_profiles(), settings.agent_turns, ROLLOUT_PREFIX, settings.seed)
     adapters, versions = attach_personas(chat, tracking, [c.persona_id for c in roster["support"]])
     config = config_from_settings(settings, persona_adapters=adapters)
     records = run_dialogues(specs, chat.backend(), config, stage="rollout", method="mascot")
@@ -137,7 +137,7 @@ def director_adapter(
     records = records_from_frames(dialogues, turns, turns.clear())
     roster = rosters(store)
     specs = {s.dialogue_id: s for s in build_specs(
-        pick_contexts(store, "train", settings.rollout_dialogues), roster, load_user_profiles(),
+        pick_contexts(store, "train", settings.rollout_dialogues), roster, user_profiles(),
         settings.agent_turns, ROLLOUT_PREFIX, settings.seed)}
     records = [r for r in records if r.dialogue["dialogue_id"] in specs]
     states = director_states(records, specs)

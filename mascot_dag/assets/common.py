@@ -4,18 +4,30 @@ They take polars frames.
 """
 
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import dagster as dg
 import polars as pl
 
-from mascot_dag.lib.data.personas import load_personas, personas_of_set
+from mascot_dag.lib.data.loading import DataFileError
+from mascot_dag.lib.data.personas import (
+    PersonaFileError,
+    load_personas,
+    personas_of_set,
+    trained_set,
+)
+from mascot_dag.lib.data.users import UserProfileError
 from mascot_dag.lib.evaluation.champion import CHAMPION
 from mascot_dag.lib.evaluation.methods import METHODS
 from mascot_dag.lib.markdown import markdown_table
 
-# Stage 1 trains the emotional-support set; its persona ids are the partitions of the per-persona
-# assets. Read from the packaged persona files when the code location loads (cheap YAML parsing).
-SUPPORT_PERSONAS = [c.persona_id for c in personas_of_set(load_personas(), "support")]
+# Stage 1 trains one persona set (the packaged `support` one, or the first set of the user's
+# MASCOT_PERSONAS_DIR); its persona ids are the partitions of the per-persona assets. Read from
+# the persona folder when the code location loads (cheap YAML parsing), so the Dagster UI shows
+# the user's personas.
+_CARDS = load_personas()
+SUPPORT_PERSONAS = [c.persona_id for c in personas_of_set(_CARDS, trained_set(_CARDS))]
 persona_partitions = dg.StaticPartitionsDefinition(SUPPORT_PERSONAS)
 # The MLflow experiment of every Stage 1 model (pi_SFT, reward model, adapters, probe).
 STAGE1_EXPERIMENT = "stage1_persona_alignment"
@@ -91,8 +103,41 @@ def fingerprint(*parts) -> str:
 # it is what keeps writers apart once runs or steps go parallel (docs/DESIGN.md).
 DUCKDB_POOL = "duckdb"
 # Transient failures (DuckDB's writer lock held past the store's own retries, MLflow's sqlite
-# store busy, an endpoint that drops a request): the step is retried twice, 5 s then 10 s later.
+# store busy, an endpoint that drops a request, an I/O error): the step is retried twice, 5 s
+# then 15 s later. Errors in the user's input are not transient: see `input_errors_fail_at_once`.
 TRANSIENT_RETRY = dg.RetryPolicy(max_retries=2, delay=5, backoff=dg.Backoff.EXPONENTIAL)
+# Errors of the user's files or settings: the same input fails the same way on every attempt.
+PERMANENT_INPUT_ERRORS: tuple[type[Exception], ...] = (
+    DataFileError, PersonaFileError, UserProfileError)
+
+
+@contextmanager
+def input_errors_fail_at_once(*also: type[Exception]) -> Iterator[None]:
+    """Around the part of an asset that reads user files or settings: a permanent input error
+    (PERMANENT_INPUT_ERRORS, plus `also`) fails the step at once, where TRANSIENT_RETRY would
+    retry it twice (~20 s and three tracebacks for one bad file). The Failure carries the
+    error's own message (file, line, what is wrong); anything else, such as an OSError or a
+    busy DuckDB lock, passes through to the retry policy."""
+    try:
+        yield
+    except (*PERMANENT_INPUT_ERRORS, *also) as exc:
+        # The persona and user loaders wrap any OSError in their own error: an I/O fault under
+        # it (not a missing or unreadable path, which stays missing) may pass on a retry.
+        cause = exc.__cause__
+        if isinstance(cause, OSError) and not isinstance(cause, _PATH_ERRORS):
+            raise
+        raise dg.Failure(description=f"{type(exc).__name__}: {exc}", allow_retries=False) from exc
+
+
+_PATH_ERRORS = (FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError)
+
+
+def user_profiles() -> list:
+    """The simulated users (lib/data/users.py); a bad profile file fails the step at once."""
+    from mascot_dag.lib.data.users import load_user_profiles
+
+    with input_errors_fail_at_once():
+        return load_user_profiles()
 
 
 def cluster_tags(asset: str) -> dict[str, str]:

@@ -1,11 +1,8 @@
 """`contexts`: raw human-grounded contexts (EmpatheticDialogues + QMSum) -> one keyed table."""
 
-import os
-from importlib import resources
 from pathlib import Path
 
 import dagster as dg
-import polars as pl
 from pydantic import Field
 
 from mascot_dag.assets.common import (
@@ -13,19 +10,27 @@ from mascot_dag.assets.common import (
     TRANSIENT_RETRY,
     cluster_tags,
     counts,
+    input_errors_fail_at_once,
     table_metadata,
 )
-from mascot_dag.lib.data import load_empathetic_dialogues, load_qmsum
+from mascot_dag.lib.data import DataFileError, load_empathetic_dialogues, load_qmsum
 from mascot_dag.lib.data.inbox import incoming_sources
+from mascot_dag.lib.data.loading import MIN_KEPT_FRACTION
+from mascot_dag.lib.data.sources import (
+    DEMO_ED,
+    DEMO_QMSUM,
+    configured_sources,
+    duplicate_ids_error,
+    user_contexts_path,
+)
 from mascot_dag.lib.data.split import assign_split_ood, validate_ood
+from mascot_dag.lib.data.user_contexts import load_user_contexts, persona_sets
 from mascot_dag.lib.storage.home import Home
 from mascot_dag.lib.storage.tables import contexts_frame
 from mascot_dag.resources.settings import LineageSettings
 from mascot_dag.resources.store import DuckDBStore
 
-DEMO_DIR = Path(str(resources.files("mascot_dag") / "data"))
-DEMO_ED = DEMO_DIR / "empatheticdialogues"
-DEMO_QMSUM = DEMO_DIR / "qmsum"
+__all__ = ["DEMO_ED", "DEMO_QMSUM", "ContextsConfig", "contexts", "resolve_sources"]
 
 class ContextsConfig(dg.Config):
     ed_path: str = Field(
@@ -38,16 +43,24 @@ class ContextsConfig(dg.Config):
         description="QMSum folder (<Domain>/*.jsonl) or one JSONL; empty: $MASCOT_QMSUM_PATH, "
         "else demo.",
     )
+    contexts_path: str = Field(
+        default="",
+        description="The user's own contexts (CSV, JSONL or Parquet: context_id, text, optional "
+        "mode, roster, domain, split, history); empty: $MASCOT_CONTEXTS_PATH, else none.",
+    )
     qmsum_max_chars: int = Field(default=4000, description="Cap on a topic's transcript excerpt.")
     skip_bad_rows: bool = Field(
         default=False,
         description="Skip malformed rows/lines (counted in metadata) instead of failing.",
     )
+    min_kept_fraction: float = Field(
+        default=MIN_KEPT_FRACTION, ge=0.0, le=1.0,
+        description="With skip_bad_rows: the share of each file's data lines that must load; "
+        "below it (or at zero rows) the run fails and the stored rows stay.",
+    )
 
 def resolve_sources(config: ContextsConfig) -> tuple[Path, Path]:
-    ed = config.ed_path or os.environ.get("MASCOT_ED_PATH") or str(DEMO_ED)
-    qm = config.qmsum_path or os.environ.get("MASCOT_QMSUM_PATH") or str(DEMO_QMSUM)
-    return Path(ed), Path(qm)
+    return configured_sources(config.ed_path, config.qmsum_path)
 
 @dg.asset(op_tags=cluster_tags("contexts"),
           group_name="contexts", kinds={"duckdb", "python"},
@@ -58,26 +71,40 @@ def contexts(
     store: DuckDBStore,
     settings: LineageSettings,
 ) -> dg.MaterializeResult:
-    """Every context, one row each, with a deterministic train/eval split from a hash of its id."""
+    """Every context, one row each, with a deterministic train/eval split from a hash of its id.
+
+    The table is replaced only after every source loaded: a failed load (a bad file, a
+    skip_bad_rows load keeping too little of a file, an id from two sources) keeps the stored
+    rows, and fails at once: retrying cannot mend an input."""
     ed_path, qm_path = resolve_sources(config)
-    ed = load_empathetic_dialogues(ed_path, skip_bad=config.skip_bad_rows)
-    qm = load_qmsum(qm_path, max_chars=config.qmsum_max_chars, skip_bad=config.skip_bad_rows)
-    # Files accepted from the inbox by the sensor (validated there, so strict here).
-    ed_in, qm_in = incoming_sources(Home.from_env())
-    for f in ed_in:
-        ed.contexts += load_empathetic_dialogues(f).contexts
-    for f in qm_in:
-        qm.contexts += load_qmsum(f, max_chars=config.qmsum_max_chars).contexts
-    items = ed.contexts + qm.contexts
-    validate_ood(settings.ood_valences, settings.ood_domains)
+    keep = config.min_kept_fraction
+    with input_errors_fail_at_once():
+        ed = load_empathetic_dialogues(ed_path, skip_bad=config.skip_bad_rows, min_kept=keep)
+        qm = load_qmsum(qm_path, max_chars=config.qmsum_max_chars,
+                        skip_bad=config.skip_bad_rows, min_kept=keep)
+        # Files accepted from the inbox by the sensor (validated there, so strict here).
+        ed_in, qm_in = incoming_sources(Home.from_env())
+        for f in ed_in:
+            ed.contexts += load_empathetic_dialogues(f).contexts
+        for f in qm_in:
+            qm.contexts += load_qmsum(f, max_chars=config.qmsum_max_chars).contexts
+        user_path, own = user_contexts_path(config.contexts_path), []
+        if user_path is not None:
+            user = load_user_contexts(user_path, skip_bad=config.skip_bad_rows, min_kept=keep,
+                                      rosters=persona_sets())
+            own, ed.skipped = user.contexts, ed.skipped + user.skipped
+        items = ed.contexts + qm.contexts + own
+        dupes = duplicate_ids_error(items)
+        if dupes:
+            raise DataFileError(dupes)
+    with input_errors_fail_at_once(ValueError):  # settings.ood_*: a setting, not a fault
+        validate_ood(settings.ood_valences, settings.ood_domains)
+    fixed = {c.context_id: c.split for c in own if c.split}  # a user's row may name its split
     for c in items:
-        c.split = assign_split_ood(c.context_id, c.source, c.valence, c.emotion, c.domain,
-                                   settings.eval_ratio, settings.ood_valences, settings.ood_domains)
+        c.split = fixed.get(c.context_id) or assign_split_ood(
+            c.context_id, c.source, c.valence, c.emotion, c.domain,
+            settings.eval_ratio, settings.ood_valences, settings.ood_domains)
     df = contexts_frame(items)
-    dupes = df.filter(pl.col("context_id").is_duplicated())["context_id"].unique(
-        maintain_order=True).to_list()
-    if dupes:
-        raise ValueError(f"duplicate context ids from {ed_path} / {qm_path}: {dupes[:5]}")
     for msg in ed.skipped + qm.skipped:
         context.log.warning(f"skipped: {msg}")
     store.replace("contexts", df)
@@ -90,8 +117,12 @@ def contexts(
             by_domain=counts(df, "domain"),
             meetings=df["meeting_id"].n_unique(),
             skipped_rows=len(ed.skipped) + len(qm.skipped),
+            # the data lines behind the skipped records, counted per file (LoadResult.lines)
+            skipped_lines=sum(n.bad for r in (ed, qm) for n in r.lines.values()),
             ed_path=str(ed_path),
             incoming_files=len(ed_in) + len(qm_in),
+            user_contexts=len(own),
+            contexts_path=str(user_path or ""),
             qmsum_path=str(qm_path),
         )
     )

@@ -6,9 +6,14 @@ from types import SimpleNamespace
 import dagster as dg
 import polars.selectors as cs
 
-from mascot_dag.assets.common import DUCKDB_POOL, TRANSIENT_RETRY, cluster_tags, table_metadata
+from mascot_dag.assets.common import (
+    DUCKDB_POOL,
+    TRANSIENT_RETRY,
+    cluster_tags,
+    table_metadata,
+    user_profiles,
+)
 from mascot_dag.assets.queries import pick_contexts, rosters
-from mascot_dag.lib.data.users import load_user_profiles
 from mascot_dag.lib.dialogue.rollout import build_specs
 from mascot_dag.lib.dialogue.spec import config_from_settings
 from mascot_dag.lib.markdown import markdown_table
@@ -54,7 +59,7 @@ def director_comparison(
     contexts = pick_contexts(store, "eval", settings.director_compare_contexts)
     specs = []
     for k in range(settings.director_compare_seeds):
-        specs += build_specs(contexts, roster, load_user_profiles(), settings.agent_turns,
+        specs += build_specs(contexts, roster, user_profiles(), settings.agent_turns,
                              f"{PREFIX}:s{k}", settings.seed + k)
     adapters, versions = attach_personas(chat, tracking, [c.persona_id for c in roster["support"]])
     config = config_from_settings(settings, persona_adapters=adapters)

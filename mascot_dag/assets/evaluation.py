@@ -18,16 +18,17 @@ from mascot_dag.assets.common import (
     cluster_tags,
     method_partitions,
     table_metadata,
+    user_profiles,
 )
 from mascot_dag.assets.queries import (
     dialogue_metadata,
     method_versions,
     pick_contexts,
+    probe_evidence,
     rosters,
     write_dialogues,
 )
 from mascot_dag.lib.data.split import OOD_SPLIT
-from mascot_dag.lib.data.users import load_user_profiles
 from mascot_dag.lib.dialogue.rollout import build_specs
 from mascot_dag.lib.dialogue.spec import config_from_settings
 from mascot_dag.lib.evaluation import champion as gate
@@ -62,7 +63,7 @@ def eval_specs(store: DuckDBStore, settings: LineageSettings):
     contexts = pick_contexts(store, "eval", settings.eval_contexts)
     if settings.ood_valences or settings.ood_domains:  # the OOD condition: held-out contexts
         contexts += pick_contexts(store, OOD_SPLIT, settings.eval_contexts, required=False)
-    return build_specs(contexts, rosters(store), load_user_profiles(), settings.agent_turns,
+    return build_specs(contexts, rosters(store), user_profiles(), settings.agent_turns,
                        "eval", settings.seed)
 
 
@@ -306,7 +307,10 @@ def eval_report(
     decision = gate.gate_decision(
         compared, champion_exists(tracking),
         margin=settings.gate_margin, min_contexts=settings.gate_min_contexts,
-        seed=settings.seed, criteria=settings.gate_criteria)
+        seed=settings.seed, criteria=settings.gate_criteria,
+        # a profile that gates on persona criteria also needs the probe panel to agree
+        persona_evidence=probe_evidence(store, settings, versions) if settings.gate_criteria
+        else None)
     provenance = {
         "base model": chat.model_name, "judges": sorted(scores["judge"].unique().to_list()),
         "training judge": judges.training_judge, "three-way judge": judges.three_way_judge,

@@ -8,12 +8,13 @@ from mascot_dag.assets.common import (
     TRANSIENT_RETRY,
     cluster_tags,
     counts,
+    input_errors_fail_at_once,
     table_metadata,
 )
 from mascot_dag.lib.data.personas import (
-    PERSONA_DIR,
     PROMPT_STYLES,
-    load_persona_file,
+    load_personas_with_files,
+    persona_dir,
     personas_of_set,
     system_prompt,
 )
@@ -25,12 +26,11 @@ from mascot_dag.resources.store import DuckDBStore
           group_name="personas", kinds={"duckdb", "yaml"},
           pool=DUCKDB_POOL, retry_policy=TRANSIENT_RETRY)
 def persona_cards(store: DuckDBStore) -> dg.MaterializeResult:
-    """Every persona card of mascot_dag/personas/*.yaml, validated (errors name file and field)."""
-    cards, files = [], {}
-    for f in sorted(PERSONA_DIR.glob("*.yaml")):
-        for card in load_persona_file(f):
-            cards.append(card)
-            files[card.persona_id] = f.name
+    """Every persona card of the persona folder (mascot_dag/personas/*.yaml, or
+    $MASCOT_PERSONAS_DIR), validated (errors name file, persona and field). A bad folder fails
+    before anything is written: the stored cards stay."""
+    with input_errors_fail_at_once():  # a bad persona file fails the same way when retried
+        cards, files = load_personas_with_files(persona_dir())
     df = personas_frame(cards, files)
     store.replace("personas", df)
     return dg.MaterializeResult(

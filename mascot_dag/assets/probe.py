@@ -1,7 +1,7 @@
 """Stage 1's gate (group `persona_alignment`): the persona probe. Every persona speaks with and
-without its adapter on held-out contexts, and an independent classifier (lib/stage1/probe.py)
-names which persona each text sounds like; `roster_fidelity_effect` blocks Stage 2 when the
-roster did not become more identifiable."""
+without its adapter on held-out contexts, and a panel of readers (lib/stage1/readers.py) names
+which persona each text sounds like; `roster_fidelity_effect` blocks Stage 2 when the
+roster did not become more identifiable under every valid reader (lib/stage1/panel.py)."""
 
 
 import dagster as dg
@@ -14,7 +14,8 @@ from mascot_dag.assets.common import (
     persona_partitions,
 )
 from mascot_dag.lib.evaluation.stats import MIN_CLUSTERS_FOR_SIGNIFICANCE
-from mascot_dag.lib.stage1 import probe
+from mascot_dag.lib.stage1 import panel
+from mascot_dag.lib.stage1.readers import NoReferenceUtterances, load_reference_utterances
 from mascot_dag.resources.settings import LineageSettings
 from mascot_dag.resources.store import DuckDBStore
 from mascot_dag.resources.tracking import MLflowResource
@@ -34,21 +35,32 @@ def persona_roster_probe(
     """Stage 1's gate: the persona probe pooled over the roster (every persona's paired units in
     persona_probe, context-clustered CI). Blocks Stage 2 and the evaluation when the adapters do
     not make the roster more identifiable, or one persona is made significantly worse
-    (`probe_blocking`; lib/probe.roster_verdict says why pooled)."""
+    (`probe_blocking`; lib/stage1/probe.roster_verdict says why pooled, lib/stage1/panel.py why
+    every valid reader must agree)."""
     personas = persona_partitions.get_partition_keys()
-    rows = store.frame(
-        "SELECT * FROM persona_probe WHERE arm IN ('base', 'adapter') AND persona_id IN "
-        f"({', '.join('?' * len(personas))})", list(personas))
-    summary = probe.summarise(rows, seed=settings.seed)
-    verdict = probe.roster_verdict(summary, personas, MIN_CLUSTERS_FOR_SIGNIFICANCE)
-    versions = sorted(set(rows.filter(pl.col("arm") == "adapter")["model_version"].to_list()))
+    try:
+        load_reference_utterances(settings.train_persona_set)
+    except NoReferenceUtterances as e:
+        # a user's set without reference utterances: no reader can tell its personas apart, so
+        # the gate says n/a (a warning, not a block: nothing was measured either way)
+        return dg.MaterializeResult(
+            metadata={"probe": str(e), "personas": ", ".join(personas)},
+            check_results=[dg.AssetCheckResult(
+                check_name="roster_fidelity_effect", passed=True,
+                severity=dg.AssetCheckSeverity.WARN, description=str(e))])
+    result = panel.roster_panel(store.frame, personas, settings.train_persona_set,
+                                MIN_CLUSTERS_FOR_SIGNIFICANCE, seed=settings.seed)
+    summary, verdict, versions = result.summary, result.verdict, result.versions
     effect = {"identifiable_gain": verdict.gain, "identifiable_lo": verdict.lo,
               "identifiable_hi": verdict.hi, "n_contexts": verdict.n_contexts,
               "n_units": verdict.n_units}
     with tracking.start_run(STAGE1_EXPERIMENT, "persona-roster-probe",
                             {"asset": "persona_roster_probe"}) as run:
         tracking.log_params({"adapters": ",".join(versions), "passed": verdict.passed,
-                             "significantly_worse": ",".join(verdict.worse)})
+                             "significantly_worse": ",".join(verdict.worse),
+                             "conservative_reader": verdict.reader,
+                             "established": ",".join(verdict.established),
+                             "readers_not_counted": ",".join(verdict.invalid)})
         tracking.log_metrics({f"roster_{k}": float(v) for k, v in effect.items()})
     return dg.MaterializeResult(
         metadata={
@@ -56,6 +68,12 @@ def persona_roster_probe(
             "adapters": ", ".join(versions),
             "probe": dg.MetadataValue.md(markdown_table(
                 summary.with_columns(pl.selectors.float().round(3)))),
+            "readers": dg.MetadataValue.md(markdown_table(pl.DataFrame(
+                {"reader": list(result.accuracies),
+                 "accuracy": [round(a, 3) for a in result.accuracies.values()]}))),
+            "agreement": dg.MetadataValue.md(markdown_table(
+                result.agreement.with_columns(pl.selectors.float().round(3)))),
+            "conservative_reader": verdict.reader,
             **effect,
         },
         check_results=[dg.AssetCheckResult(
@@ -64,6 +82,8 @@ def persona_roster_probe(
             severity=dg.AssetCheckSeverity.ERROR if settings.probe_blocking
             else dg.AssetCheckSeverity.WARN,
             description=verdict.description,
-            metadata={**effect, "significantly_worse": ", ".join(verdict.worse)},
+            metadata={**effect, "significantly_worse": ", ".join(verdict.worse),
+                      "established": ", ".join(verdict.established),
+                      "conservative_reader": verdict.reader},
         )],
     )

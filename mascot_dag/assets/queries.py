@@ -16,7 +16,6 @@ from mascot_dag.lib.types import Context
 from mascot_dag.resources.settings import LineageSettings
 from mascot_dag.resources.store import DuckDBStore
 
-SOURCE_OF_SET = {"support": "empatheticdialogues", "workplace": "qmsum"}
 SOURCES = ("empatheticdialogues", "qmsum")
 
 
@@ -33,7 +32,9 @@ def contexts_of(store: DuckDBStore, split: str, source: str, limit: int = 0) -> 
 def persona_set_contexts(store: DuckDBStore, settings: LineageSettings, split: str,
                          limit: int) -> list[Context]:
     """Contexts of the trained persona set's source in `split` (limit 0 = all)."""
-    source = SOURCE_OF_SET[settings.train_persona_set]
+    # the workplace set speaks in meetings (QMSum-format contexts), every other set in support
+    # contexts (EmpatheticDialogues format, or a user's support-mode contexts)
+    source = "qmsum" if settings.train_persona_set == "workplace" else "empatheticdialogues"
     out = contexts_of(store, split, source, limit)
     if not out:
         raise ValueError(f"no {split} contexts from {source}: materialise `contexts` first")
@@ -68,7 +69,14 @@ def load_roster(store: DuckDBStore, persona_set: str) -> list[PersonaCard]:
 
 
 def rosters(store: DuckDBStore) -> dict[str, list[PersonaCard]]:
-    return {"support": load_roster(store, "support"), "workplace": load_roster(store, "workplace")}
+    """{"support": the roster of support contexts, "workplace": the roster of meetings}: the
+    packaged sets, or the user's folder's (lib.data.personas.mode_sets says which is which)."""
+    from mascot_dag.lib.data.personas import mode_sets
+
+    cards = [card_from_row(r) for r in store.frame("SELECT * FROM personas").to_dicts()]
+    if not cards:
+        raise ValueError("no personas: materialise `persona_cards` first")
+    return {role: load_roster(store, s) for role, s in mode_sets(cards).items()}
 
 
 def write_dialogues(store: DuckDBStore, records, prefix: str) -> tuple:
@@ -109,6 +117,31 @@ def method_versions(store: DuckDBStore, method: str = "mascot") -> dict[str, str
                 model_name, version = name.split("@v", 1)
                 out[model_name] = version
     return out
+
+
+def probe_evidence(store: DuckDBStore, settings: LineageSettings,
+                   versions: dict[str, str]) -> tuple[bool, str]:
+    """The probe panel's verdict on the adapters `versions` names (the champion gate's persona
+    criteria, lib/evaluation/champion.gate_decision): (passed, why)."""
+    from mascot_dag.lib.evaluation.stats import MIN_CLUSTERS_FOR_SIGNIFICANCE
+    from mascot_dag.lib.stage1.panel import roster_panel
+
+    used = {f"{name}/{v}" for name, v in versions.items() if name.startswith("mascot-persona-")}
+    probed = store.frame("SELECT DISTINCT persona_id, model_version FROM persona_probe "
+                         "WHERE arm = 'adapter'")
+    if not used:
+        return False, "the candidate used no persona adapter"
+    missing = used - set(probed["model_version"].to_list())
+    if missing:
+        return False, f"no probe of {', '.join(sorted(missing))}"
+    personas = sorted(set(probed.filter(pl.col("model_version").is_in(list(used)))["persona_id"]
+                          .to_list()))
+    try:
+        result = roster_panel(store.frame, personas, settings.train_persona_set,
+                              MIN_CLUSTERS_FOR_SIGNIFICANCE, seed=settings.seed)
+    except ValueError as e:
+        return False, str(e)
+    return result.verdict.passed, result.verdict.description
 
 
 def dialogue_records(store: DuckDBStore, prefix: str) -> list:

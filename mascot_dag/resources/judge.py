@@ -103,6 +103,8 @@ class JudgePanelResource(dg.ConfigurableResource):
         "low redundancy: shares nothing with the embedded judge that trains MASCOT).",
     )
 
+    _judge_readers: Any = PrivateAttr(default_factory=dict)
+
     def judges(self) -> list:
         """The lib judges of the panel (built once each), names unique."""
         from mascot_dag.lib.judges.panel import check_unique
@@ -118,6 +120,24 @@ class JudgePanelResource(dg.ConfigurableResource):
         from mascot_dag.lib.judges.panel import training_judge
 
         return training_judge(self.judges(), self.training_judge)
+
+    def probe_panel(self, persona_set: str, roster: list, seed: int = 0) -> list:
+        """The persona probe's readers with their accuracies [(reader, accuracy)]: the fitted
+        lexical and semantic readers, and with an LLM judge in the panel the judge reader
+        (lib/stage1/readers.py). The judge reader's accuracy costs one request per reference
+        utterance, so it is measured once per resource and set."""
+        from mascot_dag.lib.stage1.readers import fitted_panel, judge_panel_member
+
+        panel = list(fitted_panel(persona_set, seed))
+        if self.llm is not None:
+            key = (persona_set, tuple(c.persona_id for c in roster))
+            if key not in self._judge_readers:
+                descriptions = {c.persona_id: f"{c.name}, {c.role}. {c.description}"
+                                for c in roster}
+                self._judge_readers[key] = judge_panel_member(
+                    self.llm.chat.generate, descriptions, persona_set)
+            panel.append(self._judge_readers[key])
+        return panel
 
     def picker(self):
         """The three-way picker: `.pick_best(context_text, options)` and `.name`."""

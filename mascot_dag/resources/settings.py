@@ -138,10 +138,17 @@ class LineageSettings(dg.ConfigurableResource):
         description="Also probe the warm-start adapter (before GRPO), so the warm start's share "
         "of the effect is reported apart from GRPO's (one more generation pass).",
     )
+    probe_formats: list[str] = Field(
+        default=["training", "chat"],
+        description="Formats each probe unit is asked in: 'training' (the group-dialogue request "
+        "the adapters trained on) and 'chat' (persona system prompt + the user's message, what "
+        "`mascot serve` clients send). The verdict is the most conservative over all of them.",
+    )
     probe_blocking: bool = Field(
         default=False,
-        description="Stage 1's gate blocks Stage 2 and the evaluation (study) when the roster's "
-        "pooled identifiability gain CI includes zero or one persona is made significantly worse "
+        description="Stage 1's gate blocks Stage 2 and the evaluation (study) when, under the "
+        "probe panel's rule (lib/stage1/panel.py), some valid reader's pooled identifiability "
+        "gain CI includes zero or one persona is made significantly worse under some reader "
         "(persona_roster_probe); per-persona results stay warnings.",
     )
     use_cpu: bool = Field(default=True, description="Train on CPU (no bf16).")
@@ -220,4 +227,15 @@ class LineageSettings(dg.ConfigurableResource):
         from mascot_dag.lib.evaluation.champion import check_gate_criteria
 
         check_gate_criteria(v)  # a typo fails at configuration, not after hours of evaluation
+        return v
+
+    @field_validator("probe_formats")
+    @classmethod
+    def _known_probe_formats(cls, v: list[str]) -> list[str]:
+        from mascot_dag.lib.stage1.probe import FORMATS
+
+        unknown = [f for f in v if f not in FORMATS]
+        if unknown or not v:
+            raise ValueError(f"probe_formats {v}: each must be one of {list(FORMATS)}, "
+                             "at least one")
         return v

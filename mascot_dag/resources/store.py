@@ -42,4 +42,7 @@ class DuckDBStore(dg.ConfigurableResource):
         return db.upsert_rows(self.db_path, table, rows)
 
     def frame(self, sql: str, params: list[Any] | dict | None = None) -> pl.DataFrame:
+        # Read as a writer, not read-only: a step runs beside other steps' writes, and must wait
+        # for the lock as its own writes do instead of failing within seconds as a CLI reader
+        # does; and a same-process read-only open beside a read-write one is refused by DuckDB.
         return db.query_pl(self.db_path, sql, params)

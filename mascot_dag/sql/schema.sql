@@ -87,21 +87,44 @@ CREATE TABLE IF NOT EXISTS preference_pairs (
     margin        DOUBLE NOT NULL
 );
 
--- The persona probe (persona_adapters' check): one row per (context, persona, seed, arm). Arms:
--- base (persona prompt, no adapter), warm_start (after the persona SFT), adapter (after GRPO).
+-- The persona probe (persona_adapters' check): one row per (context, persona, seed, arm, format).
+-- Arms: base (persona prompt, no adapter), warm_start (after the persona SFT), adapter (after
+-- GRPO). Formats: training (the group-dialogue request) and chat (system prompt + the user's
+-- message). Which persona each text sounds like is in probe_readings, one row per reader.
 CREATE TABLE IF NOT EXISTS persona_probe (
     persona_id    VARCHAR NOT NULL,
     context_id    VARCHAR NOT NULL,
     seed          INTEGER NOT NULL,
     arm           VARCHAR NOT NULL,
+    format        VARCHAR NOT NULL,
     model_version VARCHAR NOT NULL,
     text          VARCHAR NOT NULL,
-    predicted     VARCHAR,             -- the independent classifier's persona
-    identifiable  DOUBLE NOT NULL,     -- predicted = persona_id (0/1)
     consistency   DOUBLE,              -- embedded judge, 1-5
     relevance     DOUBLE,              -- embedded judge, 1-5
     copied        DOUBLE NOT NULL,     -- shares a content 4-gram with its card (0/1)
-    PRIMARY KEY (persona_id, context_id, seed, arm)
+    PRIMARY KEY (persona_id, context_id, seed, arm, format)
+);
+
+-- The probe panel (lib/stage1/readers.py): each reader's persona for each persona_probe text.
+CREATE TABLE IF NOT EXISTS probe_readings (
+    persona_id    VARCHAR NOT NULL,
+    context_id    VARCHAR NOT NULL,
+    seed          INTEGER NOT NULL,
+    arm           VARCHAR NOT NULL,
+    format        VARCHAR NOT NULL,
+    reader        VARCHAR NOT NULL,    -- lexical | semantic | judge
+    predicted     VARCHAR,             -- NULL: the reader named no persona of the roster
+    identifiable  DOUBLE NOT NULL,     -- predicted = persona_id (0/1)
+    PRIMARY KEY (persona_id, context_id, seed, arm, format, reader)
+);
+
+-- Each reader's validity: accuracy on reference utterances it did not learn from (5-fold for
+-- fitted readers). Below the panel's minimum a reader's gain does not count (lib/stage1/panel.py).
+CREATE TABLE IF NOT EXISTS probe_readers (
+    persona_set   VARCHAR NOT NULL,
+    reader        VARCHAR NOT NULL,
+    accuracy      DOUBLE NOT NULL,
+    PRIMARY KEY (persona_set, reader)
 );
 
 -- Dialogues of both Stage 2 rollouts (stage = 'rollout') and evaluation (stage = 'eval').
@@ -211,6 +234,23 @@ CREATE TABLE IF NOT EXISTS human_choices (
     comment          VARCHAR,
     submitted_at     TIMESTAMP DEFAULT current_timestamp,
     PRIMARY KEY (item_id, rater)
+);
+
+-- People as a reader of the persona probe (`mascot rate`, page /who; lib/evaluation/human_roles.py):
+-- which companion of the roster said a persona_probe text, one row per rater and text. The rater
+-- saw the text and utterance_id only; a re-answer replaces the row. An answer whose utterance_id
+-- no longer matches the text's (the probe was re-run) is not counted.
+CREATE TABLE IF NOT EXISTS human_role_answers (
+    rater         VARCHAR NOT NULL,    -- name or token the rater gave
+    persona_id    VARCHAR NOT NULL,    -- the text's intended persona (hidden from the rater)
+    context_id    VARCHAR NOT NULL,
+    seed          INTEGER NOT NULL,
+    arm           VARCHAR NOT NULL,    -- base | adapter (hidden from the rater)
+    format        VARCHAR NOT NULL,
+    utterance_id  VARCHAR NOT NULL,    -- opaque id shown: SHA-256 of the key and the text
+    answer        VARCHAR,             -- the persona id the rater named; NULL: can't tell
+    answered_at   TIMESTAMP DEFAULT current_timestamp,
+    PRIMARY KEY (rater, persona_id, context_id, seed, arm, format)
 );
 
 -- Trained vs base director (director_comparison, lib/director_eval.py): one row per unit (a

@@ -5,8 +5,12 @@ few lines of vanilla JS only to disable the button while the group answers. Each
 the persona, the director's directive (action, tone, and whether the director's JSON was used or
 the fallback), and the model version that spoke.
 
-State: the conversation id travels in a hidden form field (and a cookie, so that reloading the
-page finds it again); the server keeps conversations in `lib.chat.SessionStore` (bounded, LRU).
+Every request passes `web.guard` first (Host names, same-origin POSTs, the form token). A GET
+never opens a conversation: the first message (POST /say without a session id) or the "Start"
+form (POST /new) does, so only the page's own forms can. State: the conversation id travels in a
+hidden form field (and a cookie, so that reloading the page finds it again); the server keeps
+conversations in `IdleSessions`, which makes room only by dropping conversations idle past
+IDLE_S: no client can push the open ones out by opening new ones.
 Generation runs in a worker thread (never on the event loop) behind ONE lock around the model:
 the backend generates one batch at a time anyway, and a conversation must not interleave turns.
 Forms are parsed by hand (urlencoded only), which avoids FastAPI's python-multipart dependency
@@ -18,6 +22,8 @@ from __future__ import annotations
 import html
 import logging
 import threading
+import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,18 +34,21 @@ from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse
 
 from mascot_dag.lib.data.personas import PersonaCard
 from mascot_dag.lib.dialogue.chat import (
+    IDLE_S,
     MAX_MESSAGE_CHARS,
     MAX_USER_MESSAGES,
     ROSTER_MODES,
     ChatInputError,
     ChatSession,
     Conversation,
-    SessionStore,
+    IdleSessions,
     UnknownSession,
     check_message,
+    check_roster,
     version_label,
 )
 from mascot_dag.lib.dialogue.spec import ChatFn, DialogueConfig
+from mascot_dag.web import guard
 from mascot_dag.web.forms import FormError, read_form
 
 COOKIE = "mascot_chat"
@@ -107,32 +116,40 @@ class _Page(Exception):
         conv: Conversation | None = None,
         sid: str | None = None,
         draft: str = "",
+        roster: str | None = None,
     ) -> None:
         super().__init__(message)
-        self.status, self.message, self.conv, self.sid, self.draft = (
-            status,
-            message,
-            conv,
-            sid,
-            draft,
-        )
+        self.status, self.message, self.conv, self.sid = status, message, conv, sid
+        self.draft, self.roster = draft, roster
 
 
-def create_app(group: ChatGroup, max_sessions: int = 64, default_roster: str = "support") -> Any:
-    if default_roster not in ROSTER_MODES:
-        raise ValueError(f"default_roster must be one of {list(ROSTER_MODES)}: {default_roster!r}")
-    store = SessionStore(group.session, max_sessions)
+def create_app(
+    group: ChatGroup,
+    max_sessions: int = 64,
+    default_roster: str = "support",
+    allowed_hosts: Iterable[str] = (),
+    idle_s: float = IDLE_S,
+    clock: Callable[[], float] = time.monotonic,
+) -> Any:
+    """The page's app; `allowed_hosts`: Host names beyond loopback (`web.guard`)."""
+    check_roster(default_roster)
+    store = IdleSessions(group.session, max_sessions, idle_s, clock)
     model_lock = threading.Lock()
     app = FastAPI(title="MASCOT chat", docs_url=None, redoc_url=None)
+    guard.install(app, allowed_hosts)
 
     def page(
+        request: Request,
         conv: Conversation | None,
         sid: str | None,
         status: int = 200,
         error: str = "",
         draft: str = "",
+        roster: str | None = None,
     ) -> HTMLResponse:
-        resp = HTMLResponse(render(group, conv, sid, error, draft), status_code=status)
+        token = guard.form_token(request)
+        body = render(group, conv, sid, error, draft, token, roster or default_roster)
+        resp = HTMLResponse(body, status_code=status)
         if sid and conv is not None:
             resp.set_cookie(COOKIE, sid, httponly=True, samesite="lax")
         return resp
@@ -147,31 +164,37 @@ def create_app(group: ChatGroup, max_sessions: int = 64, default_roster: str = "
             raise _Page(exc.status, message) from exc
         return {k: v[0] for k, v in fields.items()}
 
+    def create(roster: str, draft: str = "") -> tuple[str, Conversation]:
+        try:
+            return store.create(roster)
+        except ChatInputError as exc:
+            raise _Page(exc.status, str(exc), draft=draft) from exc
+
     @app.exception_handler(_Page)
     async def _error_page(request: Request, exc: _Page) -> HTMLResponse:
-        return page(exc.conv, exc.sid, exc.status, exc.message, exc.draft)
+        return page(request, exc.conv, exc.sid, exc.status, exc.message, exc.draft, exc.roster)
 
     @app.get("/", response_class=HTMLResponse)
     async def index(request: Request, roster: str | None = None) -> HTMLResponse:
+        # Only shows: a GET opens no conversation (a page load from anywhere could, and fill the
+        # store); the first message or the "Start" form opens one.
+        if roster:
+            try:
+                check_roster(roster)
+            except ChatInputError as exc:
+                raise _Page(exc.status, str(exc)) from exc
         sid = request.cookies.get(COOKIE)
         try:
             conv = store.get(sid)
         except UnknownSession:
             conv = None
         if conv is None or (roster and roster != conv.roster_set):
-            try:
-                sid, conv = store.create(roster or default_roster)
-            except ChatInputError as exc:
-                raise _Page(exc.status, str(exc)) from exc
-        return page(conv, sid)
+            return page(request, None, None, roster=roster)
+        return page(request, conv, sid)
 
     @app.post("/new")
     async def new(request: Request) -> RedirectResponse:
-        roster = (await form(request)).get("roster") or default_roster
-        try:
-            sid, _ = store.create(roster)
-        except ChatInputError as exc:
-            raise _Page(exc.status, str(exc)) from exc
+        sid, _ = create((await form(request)).get("roster") or default_roster)
         resp = RedirectResponse("/", status_code=303)
         resp.set_cookie(COOKIE, sid, httponly=True, samesite="lax")
         return resp
@@ -179,16 +202,21 @@ def create_app(group: ChatGroup, max_sessions: int = 64, default_roster: str = "
     @app.post("/say")
     async def say(request: Request) -> RedirectResponse:
         data = await form(request)
-        sid = data.get("session_id", "")
-        try:
-            conv = store.get(sid)
-        except UnknownSession as exc:
-            raise _Page(404, str(exc)) from exc
-        raw = data.get("message", "")
+        sid, raw = data.get("session_id", ""), data.get("message", "")
+        roster = data.get("roster") or default_roster
+        conv = None
+        if sid:
+            try:
+                conv = store.get(sid)
+            except UnknownSession as exc:
+                raise _Page(404, str(exc)) from exc
         try:
             text = check_message(raw)
         except ChatInputError as exc:
-            raise _Page(exc.status, str(exc), conv, sid, raw[: 2 * MAX_MESSAGE_CHARS]) from exc
+            draft = raw[: 2 * MAX_MESSAGE_CHARS]
+            raise _Page(exc.status, str(exc), conv, sid, draft, roster) from exc
+        if conv is None:  # the page's first message opens the conversation
+            sid, conv = create(roster, raw)
         if conv.session.user_messages >= MAX_USER_MESSAGES:
             raise _Page(
                 409,
@@ -228,8 +256,16 @@ def create_app(group: ChatGroup, max_sessions: int = 64, default_roster: str = "
 
 
 def render(
-    group: ChatGroup, conv: Conversation | None, sid: str | None, error: str = "", draft: str = ""
+    group: ChatGroup,
+    conv: Conversation | None,
+    sid: str | None,
+    error: str = "",
+    draft: str = "",
+    token: str = "",
+    roster: str = "support",
 ) -> str:
+    """The page; without a conversation its message box opens one in `roster`. `token` is the
+    guard's form token: every form carries it, or the guard refuses the POST."""
     e = html.escape
     rows = []
     for t in conv.session.log if conv else []:
@@ -245,26 +281,24 @@ def render(
             f'<p class="text">{e(t.text) or "<i>(no words)</i>"}</p>'
             f'<small>model: <span class="model">{e(t.model or "")}</span></small></div>'
         )
-    roster_set = conv.roster_set if conv else "support"
+    roster_set = conv.roster_set if conv else roster
     names = ", ".join(c.name for c in group.rosters.get(roster_set, []))
     options = "".join(
         f'<option value="{s}"{" selected" if s == roster_set else ""}>{s}</option>'
         for s in ROSTER_MODES
     )
     err = f'<p class="error" role="alert">{e(error)}</p>' if error else ""
-    chat_form = (
-        ""
-        if conv is None
-        else f"""
-<form id="say" method="post" action="/say">
- <input type="hidden" name="session_id" value="{e(sid or "")}">
+    token_field = f'<input type="hidden" name="{guard.TOKEN_FIELD}" value="{e(token)}">'
+    chat_form = f"""
+<form id="say" method="post" action="/say">{token_field}
+ <input type="hidden" name="session_id" value="{e(sid or "") if conv else ""}">
+ <input type="hidden" name="roster" value="{e(roster_set)}">
  <textarea name="message" rows="3" maxlength="{MAX_MESSAGE_CHARS}" placeholder="Say something"
   >{e(draft)}</textarea><br>
  <button id="send" type="submit">Send</button>
  <span id="wait" hidden>The group is answering...</span>
  <small>(up to {MAX_MESSAGE_CHARS} characters)</small>
 </form>"""
-    )
     return f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>MASCOT chat</title><style>
 body {{ font-family: sans-serif; max-width: 46em; margin: 1em auto; }}
@@ -274,7 +308,7 @@ body {{ font-family: sans-serif; max-width: 46em; margin: 1em auto; }}
 </style></head><body>
 <h1>MASCOT companions</h1>
 <p>Roster <b>{e(roster_set)}</b>: {e(names)}. Director: {e(group.director_label)}.</p>
-<form method="post" action="/new">New conversation with the
+<form method="post" action="/new">{token_field}New conversation with the
  <select name="roster">{options}</select> roster <button type="submit">Start</button></form>
 {err}<div id="log">{"".join(rows)}</div><a id="end"></a>{chat_form}
 <script>
@@ -286,12 +320,15 @@ if (f) f.addEventListener("submit", () => {{
 </script></body></html>"""
 
 
-def serve(port: int, group: ChatGroup, default_roster: str = "support") -> None:
-    """Serve the chat page on 127.0.0.1:port until interrupted (loopback only: no auth)."""
+def serve(
+    port: int, group: ChatGroup, default_roster: str = "support", allowed_hosts: Iterable[str] = ()
+) -> None:
+    """Serve the chat page on 127.0.0.1:port until interrupted (no accounts: `web.guard` keeps
+    other sites and other Host names out)."""
     import uvicorn
 
     uvicorn.run(
-        create_app(group, default_roster=default_roster),
+        create_app(group, default_roster=default_roster, allowed_hosts=allowed_hosts),
         host="127.0.0.1",
         port=port,
         log_level="warning",

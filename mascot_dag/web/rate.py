@@ -12,13 +12,15 @@ submissions then wait instead of meeting as conflicting transactions, and a rati
 parallel reads. Connections are opened per request, so a Dagster run can use the file in between.
 
 Forms are parsed by hand (urlencoded only): no python-multipart dependency, and the body is cut
-off at MAX_BODY_BYTES before anything is parsed (same approach as web/chat.py).
+off at MAX_BODY_BYTES before anything is parsed (same approach as web/chat.py). Every request
+passes `web.guard` first (Host names, same-origin POSTs, the form token the rating form carries).
 """
 
 from __future__ import annotations
 
 import html
 import threading
+from collections.abc import Iterable
 from pathlib import Path
 from urllib.parse import quote
 
@@ -29,6 +31,7 @@ from fastapi.responses import HTMLResponse, JSONResponse
 
 from mascot_dag.lib.evaluation import human as H
 from mascot_dag.lib.storage import db
+from mascot_dag.web import guard
 from mascot_dag.web.forms import FormError, read_form
 
 MAX_BODY_BYTES = 32 * 1024  # a full form is ~1.5 KB plus a comment of <= 2000 characters
@@ -148,8 +151,9 @@ def _dialogue(slot: str, turns: list[dict], names: dict[str, str]) -> str:
 
 
 def item_page(rater: str, item: H.Item, content, previous=None, errors: list[str] | None = None,
-              form: dict[str, list[str]] | None = None) -> str:
-    """The rating form, prefilled from `form` (a rejected submission) or `previous` (stored)."""
+              form: dict[str, list[str]] | None = None, token: str = "") -> str:
+    """The rating form, prefilled from `form` (a rejected submission) or `previous` (stored);
+    `token`: the guard's form token, without which the guard refuses the POST."""
     ctx, turns, names = content
     order = H.shown_order(rater, item)
     filled: dict[str, str] = {}
@@ -193,6 +197,7 @@ def item_page(rater: str, item: H.Item, content, previous=None, errors: list[str
 <h2>Situation</h2><div class='context'>{_e(ctx)}</div>
 <h2>Dialogues</h2><div class='dialogues'>{dialogues}</div>
 <form method='post' action='/item' id='rating'>
+<input type='hidden' name='{guard.TOKEN_FIELD}' value='{_e(token)}'>
 <input type='hidden' name='rater' value='{_e(rater)}'>
 <input type='hidden' name='item' value='{_e(item.item_id)}'>
 <p>1 = absent or harmful, 2 = weak, 3 = adequate, 4 = good, 5 = excellent.</p>
@@ -218,9 +223,11 @@ def saved_page(rater: str, n: int, replaced: bool, items: list[H.Item], done: se
 
 # ---- app -------------------------------------------------------------------------------------
 
-def create_app(path: str | Path) -> FastAPI:
+def create_app(path: str | Path, allowed_hosts: Iterable[str] = ()) -> FastAPI:
+    """The page's app; `allowed_hosts`: Host names beyond loopback (`web.guard`)."""
     store = Ratings(path)
     app = FastAPI(title="MASCOT blind rating", docs_url=None, redoc_url=None, openapi_url=None)
+    guard.install(app, allowed_hosts)
 
     def problem(status: int, problems: list[str], title: str = "Not saved") -> HTMLResponse:
         body = "<ul>" + "".join(f"<li>{_e(p)}</li>" for p in problems) + "</ul>"
@@ -240,7 +247,7 @@ def create_app(path: str | Path) -> FastAPI:
         return HTMLResponse(index_page(rater, items, done))
 
     @app.get("/item", response_class=HTMLResponse)
-    async def show(rater: str = "", item: str = "") -> HTMLResponse:
+    async def show(request: Request, rater: str = "", item: str = "") -> HTMLResponse:
         try:
             rater = H.check_rater(rater)
         except H.RatingError as e:
@@ -251,7 +258,8 @@ def create_app(path: str | Path) -> FastAPI:
                            "Unknown item")
         content = await run_in_threadpool(store.content, it)
         previous = (await run_in_threadpool(store.answers, rater)).get(it.item_id)
-        return HTMLResponse(item_page(rater, it, content, previous))
+        return HTMLResponse(item_page(rater, it, content, previous,
+                                      token=guard.form_token(request)))
 
     @app.post("/item", response_class=HTMLResponse)
     async def submit(request: Request) -> HTMLResponse:
@@ -263,6 +271,7 @@ def create_app(path: str | Path) -> FastAPI:
             extra = (f"; the comment takes at most {H.MAX_COMMENT} characters"
                      if e.status == 413 else "")
             return problem(e.status, [f"{e}{extra}"])
+        form.pop(guard.TOKEN_FIELD, None)  # checked by the guard; not a rating field
         item_id = form.get("item", [""])[0]
         it = await run_in_threadpool(store.item, item_id)
         if it is None:
@@ -276,7 +285,8 @@ def create_app(path: str | Path) -> FastAPI:
                 return problem(e.status, e.problems)
             content = await run_in_threadpool(store.content, it)
             return HTMLResponse(item_page(rater.strip(), it, content, errors=e.problems,
-                                          form=form), status_code=e.status)
+                                          form=form, token=guard.form_token(request)),
+                                status_code=e.status)
         n, replaced = await run_in_threadpool(store.save, it, sub)
         items = await run_in_threadpool(store.items)
         done = set(await run_in_threadpool(store.answers, sub["rater"]))
@@ -289,10 +299,11 @@ def create_app(path: str | Path) -> FastAPI:
     return app
 
 
-def serve(path: str | Path, port: int, host: str = "127.0.0.1") -> None:
+def serve(path: str | Path, port: int, host: str = "127.0.0.1",
+          allowed_hosts: Iterable[str] = ()) -> None:
     import uvicorn
 
-    uvicorn.run(create_app(path), host=host, port=port, log_level="warning")
+    uvicorn.run(create_app(path, allowed_hosts), host=host, port=port, log_level="warning")
 
 
 def export(path: str | Path, out: str | Path) -> int:
@@ -300,7 +311,8 @@ def export(path: str | Path, out: str | Path) -> int:
     out = Path(out)
     if out.suffix not in (".csv", ".parquet"):
         raise ValueError(f"--export {out}: use a .csv or .parquet file name")
-    with db.connect(path) as con:
+    # an export only reads: read-only, so it runs beside other readers and never runs DDL
+    with db.connect(path, read_only=True) as con:
         ratings = con.execute("SELECT * FROM human_ratings").pl()
         choices = con.execute("SELECT * FROM human_choices").pl()
     table = H.export_table(ratings, choices)

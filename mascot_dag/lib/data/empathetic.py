@@ -14,7 +14,11 @@ the cap, and they should not blow up prompts.
 
 Bad rows (wrong field count, non-integer utterance_idx, unknown emotion, empty utterance,
 conflicting labels inside a conversation) raise DataFileError naming file and line; with
-skip_bad=True they are skipped and listed in LoadResult.skipped instead.
+skip_bad=True they are skipped and listed in LoadResult.skipped instead, and counted per line in
+LoadResult.lines. A row is one line: a quoted field that runs past its line is a quote fault
+(an unbalanced `"`), reported at the line that opened it; skipping it skips that line only and
+reads on from the next, so one stray quote cannot swallow the rest of the file. A load that
+keeps less than `min_kept` of a file's lines fails (loading.check_kept).
 """
 
 from __future__ import annotations
@@ -24,7 +28,14 @@ import io
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mascot_dag.lib.data.loading import DataFileError, LoadResult, clip, read_text_strict
+from mascot_dag.lib.data.loading import (
+    MIN_KEPT_FRACTION,
+    DataFileError,
+    LoadResult,
+    check_kept,
+    clip,
+    read_text_strict,
+)
 from mascot_dag.lib.data.valence import VALENCE, valence_of
 from mascot_dag.lib.types import Context
 
@@ -51,6 +62,7 @@ class _Conv:
     first_line: int
     last_line: int
     utterances: dict[int, str] = field(default_factory=dict)
+    lines: list[int] = field(default_factory=list)  # the line of each kept utterance
 
 
 def _unescape(text: str) -> str:
@@ -104,9 +116,42 @@ def _check_row(row: list[str], emotion_seen: _Conv | None) -> tuple[int, str, st
     return idx, emotion, prompt, utterance
 
 
-def _read_file(path: Path, convs: dict[str, _Conv], skip_bad: bool, skipped: list[str]) -> None:
+class _Lines:
+    """The file's physical lines for csv.reader, with a position the loader can move back: after
+    a quote fault, reading resumes on the line after the one that opened the quote."""
+
+    def __init__(self, text: str):
+        # Split as csv.reader's StringIO(newline="") does, so line numbers agree with it.
+        self.lines = io.StringIO(text, newline="").readlines()
+        self.pos = 0  # index of the next line to hand out; line number = index + 1
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> str:
+        if self.pos >= len(self.lines):
+            raise StopIteration
+        self.pos += 1
+        return self.lines[self.pos - 1]
+
+
+def _quote_fault(row: list[str], first: int, last: int, n_lines: int) -> str:
+    """What to say about a record that ran over several lines: ED rows are one line each (the
+    ParlAI layout writes commas as _comma_ and has no line breaks), so a field holding a line
+    break was opened by a quote that does not close on its own line."""
+    k = next((i for i, f in enumerate(row) if "\n" in f or "\r" in f), 0)
+    name = f" ({HEADER[k]})" if k < len(HEADER) else ""
+    end = "the end of the file" if last >= n_lines else f"line {last}"
+    return (f"quote fault: field {k + 1}{name} opens a quote (\") on line {first} that is not "
+            f"closed on that line; read as one field it would swallow everything up to {end}. "
+            "Remove the stray quote or close it on the same line")
+
+
+def _read_file(path: Path, convs: dict[str, _Conv], skip_bad: bool, result: LoadResult) -> None:
     text = read_text_strict(path)
-    reader = csv.reader(io.StringIO(text, newline=""))
+    src = _Lines(text)
+    reader = csv.reader(src)
+    count = result.count(path)
     try:
         header = next(reader)
     except (StopIteration, csv.Error) as exc:
@@ -116,39 +161,50 @@ def _read_file(path: Path, convs: dict[str, _Conv], skip_bad: bool, skipped: lis
             f"{path}: line 1: wrong header {','.join(header)!r}; expected {','.join(HEADER)!r} "
             "(the original EmpatheticDialogues layout)"
         )
-    n_rows = 0
-    start = reader.line_num + 1
     while True:
+        line = src.pos + 1
         try:
             row = next(reader)
+            problem = _quote_fault(row, line, src.pos, len(src.lines)) if src.pos > line else None
         except StopIteration:
             break
-        except csv.Error as exc:
-            raise DataFileError(f"{path}: line {reader.line_num}: malformed CSV: {exc}") from exc
-        where = start if start == reader.line_num else f"{start}-{reader.line_num}"
-        line = reader.line_num
-        start = line + 1
-        if not row or (len(row) == 1 and not row[0].strip()):
+        except csv.Error as exc:  # e.g. a NUL byte, or a quoted field past csv's size limit
+            hint = " (an unbalanced quote?)" if src.pos > line else ""
+            problem = f"malformed CSV: {exc}{hint}"
+            row = None
+        if row is not None and not problem and (not row or (len(row) == 1 and not row[0].strip())):
             continue  # blank line
-        n_rows += 1
+        count.lines += 1
+        if problem:
+            msg = f"{path}: line {line}: {problem}"
+            if not skip_bad:
+                raise DataFileError(msg)
+            # Skip the line that opened the fault only: what followed it is read as rows again.
+            result.skipped.append(msg)
+            count.skip(line)
+            src.pos = line
+            reader = csv.reader(src)
+            continue
         conv_id = row[0].strip()
         known = convs.get(conv_id)
         if known is not None and known.file != path:
-            msg = f"{path}: line {where}: conv_id {conv_id} also appears in {known.file}"
+            msg = f"{path}: line {line}: conv_id {conv_id} also appears in {known.file}"
             raise DataFileError(msg)
         try:
             idx, emotion, prompt, utterance = _check_row(row, known)
         except ValueError as exc:
-            msg = f"{path}: line {where}: {exc}"
+            msg = f"{path}: line {line}: {exc}"
             if not skip_bad:
                 raise DataFileError(msg) from None
-            skipped.append(msg)
+            result.skipped.append(msg)
+            count.skip(line)
             continue
         if known is None:
             known = convs[conv_id] = _Conv(conv_id, emotion, prompt, path, line, line)
         known.utterances[idx] = utterance
+        known.lines.append(line)
         known.last_line = line
-    if n_rows == 0:
+    if count.lines == 0:
         raise DataFileError(f"{path}: no data rows after the header")
 
 
@@ -176,12 +232,16 @@ def _to_context(conv: _Conv) -> Context | None:
     )
 
 
-def load_empathetic_dialogues(path: str | Path, skip_bad: bool = False) -> LoadResult:
-    """Contexts of an ED CSV file, or of every *.csv in a folder (sorted by name)."""
+def load_empathetic_dialogues(
+    path: str | Path, skip_bad: bool = False, min_kept: float = MIN_KEPT_FRACTION
+) -> LoadResult:
+    """Contexts of an ED CSV file, or of every *.csv in a folder (sorted by name).
+
+    DataFileError when a file keeps less than `min_kept` of its data lines (see `check_kept`)."""
     convs: dict[str, _Conv] = {}
     result = LoadResult()
     for f in _csv_files(Path(path)):
-        _read_file(f, convs, skip_bad, result.skipped)
+        _read_file(f, convs, skip_bad, result)
     for conv in convs.values():
         ctx = _to_context(conv)
         if ctx is None:
@@ -190,6 +250,9 @@ def load_empathetic_dialogues(path: str | Path, skip_bad: bool = False) -> LoadR
                 f"{conv.file}: lines {conv.first_line}-{conv.last_line}: "
                 f"conversation {conv.conv_id} has no speaker (odd utterance_idx) turn left"
             )
+            for line in conv.lines:
+                result.count(conv.file).skip(line)
             continue
         result.contexts.append(ctx)
+    check_kept(result, min_kept)
     return result

@@ -12,7 +12,10 @@ A valid file is moved atomically to `MASCOT_HOME/data/incoming/empatheticdialogu
 under `MASCOT_HOME/data/incoming/`, listed by `incoming_sources(home)`.
 
 A malformed file is moved to `MASCOT_HOME/inbox/rejected/<name>` with `<name>.error.txt` beside it
-(file, line, what is wrong). A file is validated as a whole before it moves, with the loaders'
+(file, line, what is wrong). So is a file holding a context id that any source of the next load
+already holds (the configured paths, the packaged data, files accepted earlier): the error names
+both files and the id, since the load would otherwise fail on the duplicate at every run.
+A file is validated as a whole before it moves, with the loaders'
 strict mode (one bad row rejects the file), so a malformed file is never half-loaded, and the move
 into `incoming/` is atomic (rename, or copy to a hidden temp file + rename across file systems),
 so the asset never reads a partial file.
@@ -31,6 +34,7 @@ from mascot_dag.lib.data import DataFileError, LoadResult, load_empathetic_dialo
 from mascot_dag.lib.data.empathetic import SOURCE as ED_SOURCE
 from mascot_dag.lib.data.qmsum import DOMAINS as QMSUM_DOMAINS
 from mascot_dag.lib.data.qmsum import SOURCE as QMSUM_SOURCE
+from mascot_dag.lib.data.sources import known_ids as ids_of_sources
 from mascot_dag.lib.storage.home import Home
 
 SUFFIX_SOURCE = {".csv": ED_SOURCE, ".jsonl": QMSUM_SOURCE}
@@ -99,23 +103,21 @@ def scan_inbox(inbox: Path, min_age_s: float = 0.0) -> list[Path]:
     return sorted(p for p in files if now - p.stat().st_mtime >= min_age_s)
 
 
-def _known_ids(home: Path | str | Home) -> dict[str, Path]:
-    known: dict[str, Path] = {}
-    ed, qm = incoming_sources(home)
-    for f in ed:
-        for c in load_empathetic_dialogues(f, skip_bad=True).contexts:
-            known[c.context_id] = f
-    for f in qm:
-        for c in load_qmsum(f, domain=f.parent.name, skip_bad=True).contexts:
-            known[c.context_id] = f
-    return known
+def known_ids(home: Path | str | Home) -> dict[str, str]:
+    """context_id -> file, over every source the next `contexts` load reads: the configured
+    ED / QMSum paths ($MASCOT_ED_PATH, $MASCOT_QMSUM_PATH, else the packaged data) and the files
+    accepted earlier. Run config paths given to one run only are not known here."""
+    return ids_of_sources(incoming_sources(home))
 
 
-def validate_file(path: Path, home: Path | str | Home | None = None) -> LoadResult:
+def validate_file(
+    path: Path, home: Path | str | Home | None = None, known: dict[str, str] | None = None
+) -> LoadResult:
     """Load the whole file strictly; DataFileError (file, line, what is wrong) when it is unusable.
 
-    With `home`, a file whose contexts were already accepted (same ED conv_id, same QMSum
-    transcript) is refused too: the `contexts` asset would fail on the duplicate ids.
+    With `known` (or `home`, to compute it: `known_ids`), a file holding a context id that
+    another source of the next load already holds (same ED conv_id, same QMSum transcript) is
+    refused too: the `contexts` load would fail on the duplicate, every run after it as well.
     """
     path = Path(path)
     source = source_of(path)
@@ -125,14 +127,16 @@ def validate_file(path: Path, home: Path | str | Home | None = None) -> LoadResu
         result = load_qmsum(path, domain=qmsum_domain(path), skip_bad=False)
     if not result.contexts:
         raise DataFileError(f"{path}: no usable contexts ({'; '.join(result.skipped) or 'empty'})")
-    if home is not None:
-        known = _known_ids(home)
-        clash = [c.context_id for c in result.contexts if c.context_id in known]
-        if clash:
-            raise DataFileError(
-                f"{path}: {len(clash)} contexts were already accepted (e.g. {clash[0]} from "
-                f"{known[clash[0]]}); rename the conversation ids or drop only new meetings"
-            )
+    if known is None:
+        known = known_ids(home) if home is not None else {}
+    clash = [c.context_id for c in result.contexts if c.context_id in known]
+    if clash:
+        what = "transcript" if source == QMSUM_SOURCE else "conversation id (conv_id)"
+        raise DataFileError(
+            f"{path}: context id {clash[0]} is already read from {known[clash[0]]} by the "
+            f"contexts load ({len(clash)} of this file's {len(result.contexts)} contexts clash); "
+            f"the load would fail on the duplicates: change the {what} or drop only new ones"
+        )
     return result
 
 
@@ -218,11 +222,15 @@ class InboxOutcome:
 def process_inbox(home: Path | str | Home, min_age_s: float = 0.0) -> list[InboxOutcome]:
     """Validate every new inbox file and accept or reject it (what the sensor runs)."""
     outcomes = []
-    for f in scan_inbox(_root(home) / "inbox", min_age_s=min_age_s):
+    files = scan_inbox(_root(home) / "inbox", min_age_s=min_age_s)
+    known = known_ids(home) if files else {}  # read the sources once per scan, not per file
+    for f in files:
         try:
-            result = validate_file(f, home)
+            result = validate_file(f, known=known)
         except DataFileError as exc:
             outcomes.append(InboxOutcome(f, reject(f, home, exc), False, error=str(exc)))
             continue
-        outcomes.append(InboxOutcome(f, accept(f, home), True, contexts=len(result.contexts)))
+        moved = accept(f, home)
+        known.update({c.context_id: str(moved) for c in result.contexts})
+        outcomes.append(InboxOutcome(f, moved, True, contexts=len(result.contexts)))
     return outcomes

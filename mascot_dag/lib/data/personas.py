@@ -1,11 +1,16 @@
-"""Persona cards (YAML files under mascot_dag/personas/) and the system prompts built from them.
+"""Persona cards (YAML files under mascot_dag/personas/, or the user's folder) and the system
+prompts built from them.
 
-A card file holds one persona set: `set: support|workplace` and a list `personas:` of cards.
-Validation errors name the file, the persona and the field.
+A card file holds one persona set: `set: NAME` and a list `personas:` of 2-8 cards. The packaged
+sets are `support` and `workplace`; `MASCOT_PERSONAS_DIR` (`mascot demo --personas DIR`) replaces
+them with every *.yaml set of DIR. Validation errors name the file, the persona and the field.
+Modes: a set named `workplace` speaks in meetings, the trained set (`trained_set`) in support
+contexts; a folder without a `workplace` set lets the trained set speak in meetings too.
 """
 
 from __future__ import annotations
 
+import os
 import re
 from importlib import resources
 from pathlib import Path
@@ -15,6 +20,36 @@ from pydantic import BaseModel, Field, ValidationError, field_validator
 
 PERSONA_DIR = Path(str(resources.files("mascot_dag") / "personas"))
 PROMPT_STYLES: tuple[str, ...] = ("zero_shot", "few_shot")
+# A roster of one is no group; more than 8 voices is more than a director can tell apart in a
+# short dialogue (and than the probe can separate on a few reference utterances each).
+MIN_SET, MAX_SET = 2, 8
+PACKAGED_SETS = ("support", "workplace")
+
+
+def persona_dir() -> Path:
+    """The persona folder of this process: $MASCOT_PERSONAS_DIR, else the packaged sets."""
+    return Path(os.environ.get("MASCOT_PERSONAS_DIR") or PERSONA_DIR)
+
+
+def trained_set(cards: list[PersonaCard], configured: str = "support") -> str:
+    """The set Stage 1 aligns: `configured` when the folder has it; else the first set of the
+    folder (file order) that is not `workplace`, so a user's folder with one set just works."""
+    sets = list(dict.fromkeys(c.persona_set for c in cards))
+    if configured in sets:
+        return configured
+    others = [s for s in sets if s != "workplace"] or sets
+    if not others:
+        raise PersonaFileError("no persona sets loaded")
+    return others[0]
+
+
+def mode_sets(cards: list[PersonaCard], configured: str = "support") -> dict[str, str]:
+    """{"support": set, "workplace": set}: which set speaks in support contexts and which in
+    meetings (the keys are the roles the dialogue code reads: lib.dialogue.ROSTER_MODES)."""
+    sets = {c.persona_set for c in cards}
+    support = trained_set(cards, configured) if configured != "workplace" else (
+        "support" if "support" in sets else trained_set(cards, "support"))
+    return {"support": support, "workplace": "workplace" if "workplace" in sets else support}
 
 
 class PersonaCard(BaseModel):
@@ -48,6 +83,13 @@ def load_persona_file(path: str | Path) -> list[PersonaCard]:
     if (not isinstance(data, dict) or "set" not in data
             or not isinstance(data.get("personas"), list)):
         raise PersonaFileError(f"{path}: expected a mapping with 'set' and a list 'personas'")
+    if not isinstance(data["set"], str) or not re.fullmatch(r"[a-z][a-z0-9_]*", data["set"]):
+        raise PersonaFileError(f"{path}: field 'set': {data['set']!r} is not a slug "
+                               "(lowercase letters, digits, _)")
+    n = len(data["personas"])
+    if not MIN_SET <= n <= MAX_SET:
+        raise PersonaFileError(f"{path}: field 'personas': set {data['set']!r} has {n} "
+                               f"persona{'s' * (n != 1)}; a set holds {MIN_SET} to {MAX_SET}")
     cards = []
     for i, raw in enumerate(data["personas"]):
         if not isinstance(raw, dict):
@@ -67,16 +109,42 @@ def load_persona_file(path: str | Path) -> list[PersonaCard]:
     return cards
 
 
-def load_personas(directory: str | Path = PERSONA_DIR) -> list[PersonaCard]:
-    files = sorted(Path(directory).glob("*.yaml"))
+def persona_files(directory: str | Path | None = None) -> list[Path]:
+    """The set files of a folder (*.yaml and *.yml, sorted; its probe/ subfolder is not a set)."""
+    directory = Path(directory or persona_dir())
+    if not directory.is_dir():
+        raise PersonaFileError(f"{directory}: persona folder not found")
+    files = sorted([*directory.glob("*.yaml"), *directory.glob("*.yml")])
     if not files:
         raise PersonaFileError(f"{directory}: no persona *.yaml files")
-    cards = [c for f in files for c in load_persona_file(f)]
-    ids = [c.persona_id for c in cards]
-    dupes = {x for x in ids if ids.count(x) > 1}
-    if dupes:
-        raise PersonaFileError(f"{directory}: persona_id used in several files: {sorted(dupes)}")
-    return cards
+    return files
+
+
+def load_personas_with_files(
+    directory: str | Path | None = None,
+) -> tuple[list[PersonaCard], dict[str, str]]:
+    """Every card of the folder and {persona_id: file name}; a persona id or a set name used in
+    two files is an error naming both files."""
+    cards: list[PersonaCard] = []
+    files: dict[str, str] = {}
+    set_file: dict[str, Path] = {}
+    for f in persona_files(directory):
+        for card in load_persona_file(f):
+            if card.persona_id in files:
+                raise PersonaFileError(
+                    f"{f}: persona {card.persona_id}: field 'persona_id': already used in "
+                    f"{files[card.persona_id]} (persona ids are unique across all sets)")
+            if set_file.setdefault(card.persona_set, f) != f:
+                raise PersonaFileError(f"{f}: field 'set': {card.persona_set!r} is already the "
+                                       f"set of {set_file[card.persona_set].name}")
+            cards.append(card)
+            files[card.persona_id] = f.name
+    return cards, files
+
+
+def load_personas(directory: str | Path | None = None) -> list[PersonaCard]:
+    """Every card of `directory` (default: `persona_dir()`)."""
+    return load_personas_with_files(directory)[0]
 
 
 def personas_of_set(cards: list[PersonaCard], persona_set: str) -> list[PersonaCard]:

@@ -26,7 +26,14 @@ import re
 from pathlib import Path
 from typing import Any
 
-from mascot_dag.lib.data.loading import DataFileError, LoadResult, clip, read_text_strict
+from mascot_dag.lib.data.loading import (
+    MIN_KEPT_FRACTION,
+    DataFileError,
+    LoadResult,
+    check_kept,
+    clip,
+    read_text_strict,
+)
 from mascot_dag.lib.types import Context
 
 DOMAINS: tuple[str, ...] = ("academic", "committee", "product")
@@ -206,18 +213,27 @@ def _meeting_contexts(
 
 
 def load_qmsum(
-    path: str | Path, domain: str | None = None, max_chars: int = 6000, skip_bad: bool = False
+    path: str | Path,
+    domain: str | None = None,
+    max_chars: int = 6000,
+    skip_bad: bool = False,
+    min_kept: float = MIN_KEPT_FRACTION,
 ) -> LoadResult:
-    """Contexts of QMSum JSONL data: one per (meeting, topic)."""
+    """Contexts of QMSum JSONL data: one per (meeting, topic).
+
+    DataFileError when a file keeps less than `min_kept` of its lines (loading.check_kept); a
+    meeting skipped as a repeat of an earlier one counts as kept (its contexts are loaded)."""
     if max_chars < 100:
         raise ValueError(f"max_chars must be >= 100, got {max_chars}")
     result = LoadResult()
     seen: dict[str, str] = {}
     for file, d in _files(Path(path), domain):
         text = read_text_strict(file)
+        count = result.count(file)
         for line_no, raw in enumerate(text.splitlines(), start=1):
             if not raw.strip():
                 continue
+            count.lines += 1
             try:
                 obj = json.loads(raw)
             except json.JSONDecodeError as exc:
@@ -225,6 +241,7 @@ def load_qmsum(
                 if not skip_bad:
                     raise DataFileError(msg) from None
                 result.skipped.append(msg)
+                count.skip(line_no)
                 continue
             try:
                 meeting_id, contexts = _meeting_contexts(obj, file, line_no, d, max_chars)
@@ -233,6 +250,7 @@ def load_qmsum(
                 if not skip_bad:
                     raise DataFileError(msg) from None
                 result.skipped.append(msg)
+                count.skip(line_no)
                 continue
             if meeting_id in seen:
                 result.skipped.append(
@@ -241,4 +259,5 @@ def load_qmsum(
                 continue
             seen[meeting_id] = f"{file}: line {line_no}"
             result.contexts.extend(contexts)
+    check_kept(result, min_kept)
     return result

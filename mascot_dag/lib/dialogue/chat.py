@@ -13,6 +13,7 @@ from __future__ import annotations
 import random
 import secrets
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -33,6 +34,7 @@ from mascot_dag.lib.types import ChatRequest, ChatResult, Context
 MAX_MESSAGE_CHARS = 1000
 MAX_USER_MESSAGES = 100  # per conversation: the history shown to the models is 6 turns anyway
 BASE_LABEL = "base + persona prompt"
+IDLE_S = 30 * 60  # a web chat conversation untouched this long may make room for a new one
 ROSTER_MODES: dict[str, Literal["support", "meeting"]] = {
     "support": "support",
     "workplace": "meeting",
@@ -189,41 +191,62 @@ class Conversation:
     roster_set: str
 
 
-class SessionStore:
-    """Conversations by random id, bounded: the least recently used is dropped beyond
-    `max_sessions`, so a server left open cannot grow without limit."""
+class IdleSessions:
+    """Conversations by random id, at most `max_sessions`. A new one makes room only by dropping
+    conversations idle longer than `idle_s` (the longest idle first), never an active one: with
+    least-recently-used eviction any client could push every open conversation out by opening
+    new ones. Full with none idle, `create` refuses (503) until one goes idle."""
 
-    def __init__(self, factory: Callable[[str, int], ChatSession], max_sessions: int = 64) -> None:
-        """`factory(roster_set, seed)` builds a new ChatSession."""
+    def __init__(
+        self,
+        factory: Callable[[str, int], ChatSession],
+        max_sessions: int = 64,
+        idle_s: float = IDLE_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """`factory(roster_set, seed)` builds a new ChatSession; `clock` gives seconds."""
         if max_sessions < 1:
             raise ValueError(f"max_sessions must be >= 1, got {max_sessions}")
-        self.factory, self.max_sessions = factory, max_sessions
-        self._items: OrderedDict[str, Conversation] = OrderedDict()
+        self.factory, self.max_sessions, self.idle_s, self.clock = (
+            factory, max_sessions, idle_s, clock)
+        self._items: OrderedDict[str, tuple[Conversation, float]] = OrderedDict()  # oldest first
         self._lock = threading.Lock()
 
     def create(self, roster_set: str) -> tuple[str, Conversation]:
-        if roster_set not in ROSTER_MODES:
-            raise ChatInputError(
-                f"unknown roster {roster_set!r:.40}; choose one of: {', '.join(ROSTER_MODES)}"
-            )
+        check_roster(roster_set)
         sid = secrets.token_urlsafe(16)
         conv = Conversation(self.factory(roster_set, secrets.randbelow(2**31)), roster_set)
         with self._lock:
-            self._items[sid] = conv
-            while len(self._items) > self.max_sessions:
-                self._items.popitem(last=False)
+            now = self.clock()
+            while len(self._items) >= self.max_sessions:
+                oldest, (_, used) = next(iter(self._items.items()))
+                if now - used <= self.idle_s:
+                    raise ChatInputError(
+                        f"the page holds {self.max_sessions} open conversations and none has been "
+                        f"idle for {self.idle_s / 60:g} minutes: try again later", 503)
+                del self._items[oldest]
+            self._items[sid] = (conv, now)
         return sid, conv
 
     def get(self, sid: str | None) -> Conversation:
         with self._lock:
-            conv = self._items.get(sid) if sid else None
-            if conv is None:
+            found = self._items.get(sid) if sid else None
+            if found is None:
                 raise UnknownSession(
                     f"unknown chat session {str(sid)[:40]!r}: it expired or the server restarted; "
                     "start a new conversation"
                 )
+            self._items[sid] = (found[0], self.clock())
             self._items.move_to_end(sid)
-            return conv
+            return found[0]
 
     def __len__(self) -> int:
         return len(self._items)
+
+
+def check_roster(roster_set: str) -> None:
+    if roster_set not in ROSTER_MODES:
+        raise ChatInputError(
+            f"unknown roster {roster_set!r:.40}; choose one of: {', '.join(ROSTER_MODES)}"
+        )
+

@@ -219,13 +219,17 @@ def gate_decision(
     n_boot: int = 2000,
     seed: int = 0,
     criteria=(),
+    persona_evidence: tuple[bool, str] | None = None,
 ) -> Decision:
     """Promote `mascot` only when its paired CI against the comparator lies above `margin`.
 
     champion_exists: whether the MLflow alias `champion` is set (None: inferred from `champion`
     rows in eval_scores). When it exists but was not scored in this run, nothing is promoted:
     a gate without its comparator must fail closed. criteria: the judge criteria the overall is
-    over (module doc; empty: all).
+    over (module doc; empty: all). persona_evidence: (passed, why) of the probe panel's verdict
+    on the candidate's adapters (lib/stage1/panel.py); when given, a candidate the judges would
+    promote on persona criteria is kept out unless the panel confirms the persona effect: the
+    judges' persona scores are the training signal's neighbours, the panel's readers are not.
     """
     if margin < 0:
         raise ValueError(f"margin must be >= 0 points, got {margin}")
@@ -258,6 +262,11 @@ def gate_decision(
             base, reason=f"not promoted: {n} paired contexts < {min_contexts} (too few for a "
                          f"trustworthy CI); {stats}")
     if base.ci_lo is not None and base.ci_lo > margin:
+        if persona_evidence is not None and not persona_evidence[0]:
+            return dataclasses.replace(
+                base, reason=f"not promoted: the judges' CI lies above the margin, but the probe "
+                             f"panel does not confirm the persona effect ({persona_evidence[1]}); "
+                             f"{stats}")
         what = "beats the current champion" if champion_exists else (
             "first champion: significantly beats zero_shot")
         return dataclasses.replace(base, promote=True, reason=f"promoted ({what}): {stats}")

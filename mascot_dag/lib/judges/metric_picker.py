@@ -7,7 +7,7 @@ dialogues would grade MASCOT on the signal it was optimised for. This picker ins
 option by the mean of three parts, each 0-1, higher better, none of them from MiniLM or the cards:
 
 - identifiability: share of agent turns whose speaker the probe's reference classifier
-  (`lib.probe.ReferenceClassifier`: TF-IDF + logistic regression on utterances written for the
+  (`lib.stage1.readers.LexicalReader`: TF-IDF + logistic regression on utterances written for the
   probe, no 4-gram shared with the cards) recovers: distinct, recognisable voices;
 - distinct-2 over agent turns: specific rather than generic wording;
 - 1 - lexical redundancy against earlier turns (`lib.metrics.redundancy_lexical`): adds
@@ -34,11 +34,11 @@ class MetricPicker:
 
     def _classifier(self, speakers: set[str]):
         """The reference classifier of the persona set that knows most of these speakers."""
-        from mascot_dag.lib.stage1.probe import ReferenceClassifier
+        from mascot_dag.lib.stage1.readers import LexicalReader, load_reference_utterances
 
         for s in self.persona_sets:
             if s not in self._classifiers:
-                self._classifiers[s] = ReferenceClassifier.for_set(s, seed=self.seed)
+                self._classifiers[s] = LexicalReader(load_reference_utterances(s), seed=self.seed)
         clf = max((self._classifiers[s] for s in self.persona_sets),
                   key=lambda c: len(speakers & set(c.labels)))
         return clf if speakers & set(clf.labels) else None

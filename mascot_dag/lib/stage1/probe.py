@@ -6,12 +6,14 @@ each unit yields one difference per measure and the only thing that changes is t
 95% CI of each mean difference comes from a bootstrap that resamples CONTEXTS (a context's units
 share the situation; `stats.paired_cluster_bootstrap`).
 
+Each unit is asked in two formats: `training` (the group-dialogue request the adapters were
+trained and evaluated on) and `chat` (the persona's system prompt and the user's message, what
+`mascot serve` clients send), reported side by side.
+
 Measures per unit (base and adapter):
-- identifiable: the independent classifier names the intended persona (0/1). The classifier is
-  `ReferenceClassifier`: TF-IDF word and character n-grams + logistic regression, trained on
-  reference utterances written for the probe (`personas/probe/<set>.yaml`). It shares nothing with
-  the training signal: the reward model learns from the embedded judge, whose persona signal is
-  MiniLM similarity to the persona CARDS; the probe sees neither the cards nor MiniLM.
+- identifiable: a reader names the intended persona (0/1), once per reader of the panel
+  (`lib.stage1.readers`; the verdict rule is `lib.stage1.panel`). The readers learn from
+  reference utterances written for the probe, never from the cards or the judge's centroids.
 - consistency, relevance: the embedded judge's scores (1-5), reported beside the classifier
   because they ARE close to the training signal (a gain there alone proves little);
 - copied: the reply shares a content 4-gram with its persona card (keyword stuffing);
@@ -20,87 +22,15 @@ Measures per unit (base and adapter):
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
-import numpy as np
 import polars as pl
-import yaml
 
 from mascot_dag.lib.evaluation.stats import paired_cluster_bootstrap
 
-PROBE_DIR = Path(__file__).resolve().parents[2] / "personas" / "probe"  # mascot_dag/personas/probe
 ARMS = ("base", "adapter")
 MEASURES = ("identifiable", "consistency", "relevance", "copied")
-
-
-def load_reference_utterances(
-    persona_set: str, directory: Path = PROBE_DIR
-) -> dict[str, list[str]]:
-    """persona_id -> reference utterances of `persona_set`; errors name the file and the key."""
-    path = Path(directory) / f"{persona_set}.yaml"
-    if not path.exists():
-        raise FileNotFoundError(f"no probe reference utterances for set {persona_set!r}: {path}")
-    data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    utterances = data.get("utterances")
-    if not isinstance(utterances, dict) or len(utterances) < 2:
-        raise ValueError(f"{path}: 'utterances' must map >= 2 persona ids to lists of texts")
-    out = {}
-    for pid, texts in utterances.items():
-        if not isinstance(texts, list) or not all(isinstance(t, str) and t.strip() for t in texts):
-            raise ValueError(f"{path}: utterances.{pid} must be a list of non-empty strings")
-        out[str(pid)] = [t.strip() for t in texts]
-    return out
-
-
-class ReferenceClassifier:
-    """Which persona does a text sound like? Independent of the training signal (module doc)."""
-
-    def __init__(self, utterances: dict[str, list[str]], seed: int = 0) -> None:
-        from sklearn.feature_extraction.text import TfidfVectorizer
-        from sklearn.linear_model import LogisticRegression
-        from sklearn.pipeline import make_pipeline, make_union
-
-        texts = [t for texts in utterances.values() for t in texts]
-        labels = [pid for pid, texts in utterances.items() for _ in texts]
-        if len(set(labels)) < 2:
-            raise ValueError("ReferenceClassifier needs utterances of >= 2 personas")
-        self.labels = sorted(set(labels))
-        # Words catch what a persona does ("what if", "step", "proud"); characters catch style
-        # without depending on the exact word forms a small model produces.
-        features = make_union(
-            TfidfVectorizer(ngram_range=(1, 2), sublinear_tf=True, lowercase=True),
-            TfidfVectorizer(analyzer="char_wb", ngram_range=(3, 5), sublinear_tf=True),
-        )
-        self.model = make_pipeline(features, LogisticRegression(max_iter=2000, C=4.0,
-                                                                random_state=seed))
-        self.model.fit(texts, labels)
-
-    @classmethod
-    def for_set(cls, persona_set: str, seed: int = 0) -> ReferenceClassifier:
-        return cls(load_reference_utterances(persona_set), seed=seed)
-
-    def predict(self, texts: Sequence[str]) -> list[str]:
-        return [str(p) for p in self.model.predict(list(texts))] if texts else []
-
-
-def cross_validated_accuracy(utterances: dict[str, list[str]], folds: int = 5) -> float:
-    """How well the classifier recognises held-out REFERENCE utterances (its own validity)."""
-    rng = np.random.default_rng(0)
-    items = [(pid, t) for pid, ts in utterances.items() for t in ts]
-    fold = rng.permutation(len(items)) % folds
-    hits = 0
-    for f in range(folds):
-        train: dict[str, list[str]] = {}
-        for (pid, t), g in zip(items, fold, strict=True):
-            if g != f:
-                train.setdefault(pid, []).append(t)
-        test = [(pid, t) for (pid, t), g in zip(items, fold, strict=True) if g == f]
-        pred = ReferenceClassifier(train).predict([t for _, t in test])
-        hits += sum(p == pid for p, (pid, _) in zip(pred, test, strict=True))
-    return hits / len(items)
 
 
 @dataclass(frozen=True)
@@ -217,43 +147,90 @@ def roster_verdict(summary: pl.DataFrame, personas: Sequence[str],
                          n_ctx, int(pooled["n_units"]), worse, description)
 
 
-@functools.lru_cache(maxsize=4)
-def reference_classifier(persona_set: str, seed: int) -> ReferenceClassifier:
-    """One fitted classifier per persona set and seed for the process."""
-    return ReferenceClassifier.for_set(persona_set, seed=seed)
+FORMATS = ("training", "chat")
+
+
+UNIT = ["persona_id", "context_id", "seed", "arm", "format"]
+
+
+def reader_summary(texts: pl.DataFrame, readings: pl.DataFrame, seed: int = 0) -> pl.DataFrame:
+    """`probe.summarise` per (reader, format): one row per persona and 'all', with `reader` and
+    `format` columns. `texts`: persona_probe rows (arms base and adapter); `readings`:
+    probe_readings rows of those texts."""
+    parts = []
+    for (reader, fmt), part in readings.group_by(["reader", "format"], maintain_order=True):
+        t = texts.filter(pl.col("format") == fmt).join(
+            part.select(*UNIT, "identifiable"), on=UNIT, how="inner")
+        if t.is_empty():
+            continue
+        parts.append(summarise(t, seed=seed).with_columns(
+            reader=pl.lit(str(reader)), format=pl.lit(str(fmt))))
+    if not parts:
+        raise ValueError("no probe readings match the probe's texts: materialise persona_adapters")
+    return pl.concat(parts, how="diagonal_relaxed").sort("reader", "format", maintain_order=True)
+
+
+def probe_messages(card, context, roster, prompt_style: str, fmt: str) -> tuple:
+    """The request of one probe unit in a format (module doc)."""
+    from mascot_dag.lib.data.personas import system_prompt
+    from mascot_dag.lib.dialogue.engine import opening_agent_messages, opening_history
+
+    if fmt == "training":
+        return tuple(opening_agent_messages(card, context, roster, prompt_style))
+    if fmt == "chat":
+        said = opening_history(context, "support")[0]["text"]
+        return ({"role": "system", "content": system_prompt(card, prompt_style, roster)},
+                {"role": "user", "content": said})
+    raise ValueError(f"unknown probe format {fmt!r}; known: {FORMATS}")
+
+
+def read_texts(panel, table: pl.DataFrame) -> pl.DataFrame:
+    """probe_readings rows: every reader of `panel` [(reader, accuracy)] names the persona of
+    every text of `table` (persona_probe rows)."""
+    texts = table["text"].to_list()
+    parts = []
+    for reader, _ in panel:
+        predicted = reader.predict(texts)
+        parts.append(table.select("persona_id", "context_id", "seed", "arm", "format").with_columns(
+            reader=pl.lit(reader.name),
+            predicted=pl.Series(predicted, dtype=pl.String),
+        ).with_columns(
+            identifiable=(pl.col("predicted") == pl.col("persona_id")).fill_null(False)
+            .cast(pl.Float64)))
+    return pl.concat(parts)
 
 
 def probe_persona(generate, judge, card, roster, ctxs, arms: dict[str, str], model_version: str,
-                  settings) -> tuple[pl.DataFrame, pl.DataFrame]:
+                  settings, panel) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
     """The paired probe of one persona: base vs each arm's adapter ({arm: adapter name loaded
-    in the backend that `generate` calls}) on the same held-out requests and seeds, on `ctxs`.
-    `judge` is the panel's training judge (its consistency and relevance sit beside the
-    independent classifier); `settings` the profile's (prompt style, sampling, probe seeds).
-    Returns (the persona_probe rows, the summary table)."""
-    from mascot_dag.lib.dialogue.engine import opening_agent_messages
+    in the backend that `generate` calls}) on the same held-out requests and seeds, on `ctxs`,
+    in every format of `settings.probe_formats`. `judge` is the panel's training judge (its
+    consistency and relevance sit beside the readers); `panel` [(reader, accuracy)] the readers
+    (`readers.fitted_panel`, plus the judge reader where there is one); `settings` the
+    profile's (prompt style, sampling, probe seeds).
+    Returns (the persona_probe rows, the probe_readings rows, the summary table per reader)."""
     from mascot_dag.lib.judges.base import ResponseItem
     from mascot_dag.lib.judges.features import card_grams, copied_grams
     from mascot_dag.lib.types import ChatRequest, SamplingParams
 
-    units, requests = [], []
-    for c in ctxs:
-        messages = tuple(opening_agent_messages(card, c, roster, settings.prompt_style))
-        for s in range(settings.probe_seeds):
-            units.append(ProbeUnit(c.context_id, card.persona_id, s))
-            requests.append((messages, SamplingParams(
-                settings.max_new_tokens, settings.temperature, settings.top_p,
-                settings.seed * 7919 + 101 + s)))
-    names = {"base": None, **arms}
-    texts = {}
-    for arm, adapter in names.items():
-        texts[arm] = [r.text for r in generate(
+    tables = []
+    for fmt in settings.probe_formats:
+        units, requests = [], []
+        for c in ctxs:
+            messages = probe_messages(card, c, roster, settings.prompt_style, fmt)
+            for s in range(settings.probe_seeds):
+                units.append(ProbeUnit(c.context_id, card.persona_id, s))
+                requests.append((messages, SamplingParams(
+                    settings.max_new_tokens, settings.temperature, settings.top_p,
+                    settings.seed * 7919 + 101 + s)))
+        texts = {arm: [r.text for r in generate(
             [ChatRequest(m, sp, adapter) for m, sp in requests])]
-    rows = []
-    for arm in arms:
-        t = unit_table(units, texts["base"], texts[arm])
-        t = t.with_columns(arm=pl.col("arm").replace({"adapter": arm}))
-        rows.append(t if not rows else t.filter(pl.col("arm") == arm))
-    table = pl.concat(rows)
+            for arm, adapter in {"base": None, **arms}.items()}
+        for i, arm in enumerate(arms):
+            t = unit_table(units, texts["base"], texts[arm])
+            t = t.with_columns(arm=pl.col("arm").replace({"adapter": arm}), format=pl.lit(fmt))
+            tables.append(t if i == 0 else t.filter(pl.col("arm") == arm))
+    table = pl.concat(tables)
     ctx = {c.context_id: c for c in ctxs}
     scores = judge.score_responses(
         [ResponseItem(ctx[cid].text, card, roster, text, [])
@@ -261,25 +238,25 @@ def probe_persona(generate, judge, card, roster, ctxs, arms: dict[str, str], mod
     crit = [{s.criterion: s.score for s in ss} for ss in scores]
     grams = card_grams(card)
     replies = table["text"].to_list()
-    predicted = reference_classifier(settings.train_persona_set, settings.seed).predict(replies)
     table = table.with_columns(
         consistency=pl.Series([c.get("consistency") for c in crit], dtype=pl.Float64),
         relevance=pl.Series([c.get("response_relevance") for c in crit], dtype=pl.Float64),
         copied=pl.Series([float(copied_grams(t, grams) > 0) for t in replies], dtype=pl.Float64),
-        predicted=pl.Series(predicted, dtype=pl.String),
-    ).with_columns(
-        identifiable=(pl.col("predicted") == pl.col("persona_id")).cast(pl.Float64),
         model_version=pl.when(pl.col("arm") == "base").then(pl.lit("base"))
         .otherwise(pl.lit(model_version)),
     )
+    readings = read_texts(panel, table)
     summaries = []
     for arm in arms:
         part = table.filter(pl.col("arm").is_in(["base", arm])).with_columns(
             arm=pl.col("arm").replace({arm: "adapter"}))
-        summ = summarise(part, seed=settings.seed).filter(pl.col("persona") == card.persona_id)
+        reads = readings.filter(pl.col("arm").is_in(["base", arm])).with_columns(
+            arm=pl.col("arm").replace({arm: "adapter"}))
+        summ = reader_summary(part, reads, seed=settings.seed).filter(
+            pl.col("persona") == card.persona_id)
         if arm != "adapter":
             summ = summ.with_columns(persona=pl.lit(f"{card.persona_id}:{arm}"))
         summaries.append(summ)
-    rows = table.select("persona_id", "context_id", "seed", "arm", "model_version", "text",
-                        "predicted", "identifiable", "consistency", "relevance", "copied")
-    return rows, pl.concat(summaries)
+    rows = table.select("persona_id", "context_id", "seed", "arm", "format", "model_version",
+                        "text", "consistency", "relevance", "copied")
+    return rows, readings, pl.concat(summaries)

@@ -1,7 +1,10 @@
 """DuckDB access for the lineage: schema, transactional replace, queries.
 
-DuckDB allows one writer process per file, so connections are short-lived (opened per operation,
-closed at once) and opening retries briefly while another process holds the lock. Every write of
+DuckDB locks the file per process: one process with it open read-write, or any number read-only,
+never both. So connections are short-lived (opened per operation, closed at once); a writer
+(the default) waits up to WRITE_WAIT_S for the lock, a reader (`read_only=True`: the CLI's
+queries, reports, exports) runs no DDL, never creates the file, and gives up after READ_WAIT_S
+with `DatabaseLocked`, one line naming the process that holds the file. Every write of
 an asset goes through `replace_rows`: delete the asset's (or partition's) old rows and insert the
 new ones in ONE transaction, so a failure leaves the previous rows intact and re-materialising
 never duplicates.
@@ -13,6 +16,8 @@ Rows travel as Arrow tables: writes take polars DataFrames, `query_pl` reads int
 from __future__ import annotations
 
 import contextlib
+import re
+import textwrap
 import time
 from collections.abc import Iterator
 from importlib import resources
@@ -35,6 +40,10 @@ def _migrate(con: duckdb.DuckDBPyConnection) -> None:
 
     judgments: the key gained persona_id (a candidate is judged AS every persona when Stage 1
     pools candidates across personas); rows are kept.
+    persona_probe: the key gained `format`, and which persona a text sounds like moved to
+    probe_readings, one row per reader (issue 34): old rows become the `training` format and
+    their prediction the `lexical` reader's (its accuracy was never stored, so it does not
+    count until persona_adapters runs again).
     """
     pk = con.execute(
         "SELECT constraint_column_names FROM duckdb_constraints() "
@@ -47,27 +56,96 @@ def _migrate(con: duckdb.DuckDBPyConnection) -> None:
         con.execute("INSERT INTO judgments SELECT * FROM judgments_old")
         con.execute("DROP TABLE judgments_old")
         con.execute("COMMIT")
+    probe_cols = {r[0] for r in con.execute(
+        "SELECT column_name FROM duckdb_columns() WHERE table_name = 'persona_probe'").fetchall()}
+    if probe_cols and "format" not in probe_cols:
+        unit = "persona_id, context_id, seed, arm"
+        con.execute("BEGIN")
+        con.execute("ALTER TABLE persona_probe RENAME TO persona_probe_old")
+        con.execute(schema_sql())
+        con.execute(f"INSERT INTO persona_probe SELECT {unit}, 'training', model_version, text, "
+                    "consistency, relevance, copied FROM persona_probe_old")
+        con.execute(f"INSERT INTO probe_readings SELECT {unit}, 'training', 'lexical', predicted, "
+                    "identifiable FROM persona_probe_old")
+        con.execute("DROP TABLE persona_probe_old")
+        con.execute("COMMIT")
+
+
+# A writer (a step of a run) waits out other steps' short transactions. A reader is usually a
+# person at the CLI: while a run holds the file, DuckDB lets no other process read it at all,
+# so the reader gives up soon with a message instead of waiting a minute for a traceback; 5 s
+# is still long enough to slip in between a run's short writes.
+WRITE_WAIT_S = 60.0
+READ_WAIT_S = 5.0
+# DuckDB's lock error names the holder: '... Conflicting lock is held in /usr/bin/python3
+# (PID 1234). See also ...' (1.x). Other wordings fall back to "another process".
+_HOLDER_PID = re.compile(r"\(PID (\d+)\)")
+
+
+def _command_of(pid: str) -> str:
+    """The holder's command line, shortened, or "" where /proc cannot tell (not Linux, gone)."""
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return ""
+    return textwrap.shorten(raw.replace(b"\0", b" ").decode(errors="replace"), 80,
+                            placeholder="...")
+
+
+class DatabaseLocked(duckdb.IOException):
+    """Another process holds the DuckDB file's lock. Still a `duckdb.IOException`, so a retry
+    policy that treats a busy lock as transient keeps doing so; the message is ONE line."""
+
+    @classmethod
+    def from_error(cls, path: str | Path, message: str, read_only: bool) -> DatabaseLocked:
+        m = _HOLDER_PID.search(message)
+        if m:
+            pid = m.group(1)
+            command = _command_of(pid)
+            who = f"PID {pid}" + (f" ({command})" if command else "")
+            stop = f"stop it (kill {pid})"
+        else:
+            detail = textwrap.shorten(message, 120, placeholder="...")
+            who, stop = f"another process (DuckDB: {detail})", "stop it"
+        if read_only:
+            return cls(f"{path} is locked: {who} has it open for writing, and DuckDB lets no "
+                       f"other process read it meanwhile; wait for that run to finish or {stop}, "
+                       "then retry.")
+        return cls(f"{path} is locked: {who} has it open, and DuckDB lets a process write only "
+                   f"while no other has it open; wait for it to finish or {stop}, then retry.")
 
 
 @contextlib.contextmanager
 def connect(
-    path: str | Path, read_only: bool = False, lock_timeout_s: float = 60.0
+    path: str | Path, read_only: bool = False, lock_timeout_s: float | None = None
 ) -> Iterator[duckdb.DuckDBPyConnection]:
-    """Open the database (creating the schema), retrying while another process holds the lock."""
+    """Open the database, retrying while another process holds the lock (WRITE_WAIT_S or
+    READ_WAIT_S unless `lock_timeout_s`), then `DatabaseLocked`.
+
+    A writer creates the file and runs the schema DDL (and migrations); a reader does neither:
+    the DDL would need the write lock, and a reader must not change what it reads."""
     path = Path(path)
+    if read_only and not path.is_file():
+        # DuckDB's own error here does not say which file; and a reader must not create one
+        raise FileNotFoundError(f"{path}: no such DuckDB file")
     if not read_only:
         path.parent.mkdir(parents=True, exist_ok=True)
-    deadline = time.monotonic() + lock_timeout_s
+    wait = lock_timeout_s if lock_timeout_s is not None else (
+        READ_WAIT_S if read_only else WRITE_WAIT_S)
+    deadline = time.monotonic() + wait
     delay = 0.05
     while True:
         try:
             con = duckdb.connect(str(path), read_only=read_only)
             break
         except duckdb.IOException as exc:
-            if "lock" not in str(exc).lower() or time.monotonic() > deadline:
+            if "lock" not in str(exc).lower():
                 raise
+            if time.monotonic() > deadline:
+                raise DatabaseLocked.from_error(path, str(exc), read_only) from exc
             time.sleep(delay)
-            delay = min(delay * 2, 1.0)
+            # a reader polls often: a run's writes are short, the gaps between them too
+            delay = min(delay * 2, 0.25 if read_only else 1.0)
     try:
         if not read_only:
             con.execute(schema_sql())
@@ -148,7 +226,12 @@ def upsert_rows(path: str | Path, table: str, rows: Frame) -> int:
     return len(rows)
 
 
-def query_pl(path: str | Path, sql: str, params: list[Any] | dict | None = None) -> pl.DataFrame:
-    """The result as a polars DataFrame (DuckDB hands it over as Arrow)."""
-    with connect(path) as con:
+def query_pl(
+    path: str | Path, sql: str, params: list[Any] | dict | None = None, *, read_only: bool = False
+) -> pl.DataFrame:
+    """The result as a polars DataFrame (DuckDB hands it over as Arrow).
+
+    `read_only=True` for readers outside a run (see `connect`); a run's steps read as the writers
+    they are (`DuckDBStore.frame`): they wait for the lock like their writes do."""
+    with connect(path, read_only=read_only) as con:
         return con.execute(sql, params or []).pl()
