@@ -259,12 +259,19 @@ def chat(
         typer.echo(f"--profile {profile!r}: expected one of {', '.join(PROFILES)}", err=True)
         raise typer.Exit(2)
     if web:
+        from mascot_dag.companions import roster_of
         from mascot_dag.web.chat import load_group, serve
         from mascot_dag.web.guard import checked_hosts
 
         if (roster or "support") not in ("support", "workplace"):
             typer.echo(f"--roster {roster!r}: expected support or workplace", err=True)
             raise typer.Exit(2)
+        try:  # the page knows the packaged roster names only: a folder without them is refused
+            roster_of(roster or "support")
+        except ValueError as e:
+            typer.echo(f"{e}; the chat page serves sets named support and workplace: use the "
+                       "terminal chat (`mascot chat --roster NAME`) for other sets", err=True)
+            raise typer.Exit(2) from None
         hosts = checked_hosts(allow_host)  # before the model loads
         label = resolve_models(models, profile)
         group = load_group(label, max_new_tokens, agents_per_round, director_max_new_tokens,
@@ -293,12 +300,11 @@ def report() -> None:
     if not latest.exists():
         typer.echo(f"no report yet under {latest.parent}: run `make demo`", err=True)
         raise typer.Exit(2)
-    text = latest.read_text(encoding="utf-8")
     typer.echo(str(latest))
-    for line in text.splitlines():
-        heads = ("**overall", "- overall", "| mascot", "champion", "**champion")
-        if line.lower().startswith(heads):
-            typer.echo(line)
+    # the verdict section, then the overall table with its header (the report's first two)
+    sections = latest.read_text(encoding="utf-8").split("\n## ")
+    for section in sections[1:3]:
+        typer.echo("\n## " + section.strip())
 
 
 @app.command()

@@ -130,7 +130,10 @@ def terminal_chat(lines, echo, roster_name: str | None, models: str | None,
               for c in roster}
     director = (version_label(DIRECTOR_MODEL, group.director_version, label)
                 if group.director_version else "base director")
-    if group.versions or group.director_version:
+    if label == BASE:
+        echo(f"Roster {roster[0].persona_set} ({mode}), models: base: the base model with "
+             "persona prompts, no adapter (--models base)")
+    elif group.versions or group.director_version:
         echo(f"Roster {roster[0].persona_set} ({mode}), models: {label}; "
              f"{', '.join(labels.values())}; {director}")
     else:

@@ -104,6 +104,31 @@ def adapter_runs(tracking: MLflowResource, names) -> dict[str, str]:
     return out
 
 
+def training_figures(tracking: MLflowResource, versions: dict[str, str]
+                     ) -> tuple[dict[str, float], dict[str, tuple[float, float, int]]]:
+    """Stage 1's training figures of the adapters `versions` names ({model: version}, as
+    `assets.queries.method_versions` reads them from the evaluation's dialogues): the held-out
+    accuracy of the reward model they were trained with, and each persona adapter's GRPO reward
+    at its first and last logged step with the number of steps."""
+    rewards, reward_model = {}, {}
+    for model, version in sorted(versions.items()):
+        if not model.startswith("mascot-persona-") or model == REWARD_MODEL:
+            continue
+        run_id = tracking.version_run_id(model, version)
+        curve = tracking.metric_history(run_id, "reward") if run_id else []
+        params = tracking.version_run_params(model, version)
+        if curve:
+            rewards[params.get("persona", model)] = (curve[0][1], curve[-1][1], len(curve))
+        rm_version = params.get("reward_model_version")
+        if rm_version and not reward_model:
+            rm_run = tracking.version_run_id(REWARD_MODEL, rm_version)
+            if rm_run:
+                got = tracking.run_metrics(rm_run)
+                reward_model = {k: got[k] for k in ("heldout_accuracy", "heldout_accuracy_lo",
+                                                    "heldout_accuracy_hi") if k in got}
+    return reward_model, rewards
+
+
 # The champion alias: the evaluation gate's decisions, kept in the registry.
 def champion_exists(tracking: MLflowResource) -> bool:
     """Whether a champion is set: the director's alias (apply_gate always moves it)."""

@@ -125,6 +125,35 @@ def test_definitions_validate(home):
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
 
 
+def test_every_asset_and_check_says_what_it_is():
+    """Dagster tells the truth: every asset and check has a description, and a check declared
+    blocking whose profile setting can turn blocking off says 'warn-only' where it cannot block
+    (a WARN result never blocks: the description must not claim otherwise)."""
+    import inspect
+
+    from mascot_dag.assets.common import WARN_ONLY
+    from mascot_dag.definitions import defs
+
+    graph = defs.resolve_asset_graph()
+    for key in graph.get_all_asset_keys():
+        assert graph.get(key).description, f"asset {key.to_user_string()} has no description"
+    specs = {spec.name: spec for check in defs.asset_checks or [] for spec in check.check_specs}
+    specs |= {spec.name: spec for a in defs.assets or [] for spec in getattr(a, "check_specs", [])}
+    for name, spec in specs.items():
+        assert spec.description, f"check {name} has no description"
+    from mascot_dag.assets import probe, reward_model
+
+    # the two gates a profile can switch off: declared blocking, described as warn-only there,
+    # and their WARN results start with WARN_ONLY (the source says so where the severity is set)
+    for module, check, setting in ((probe, "roster_fidelity_effect", "probe_blocking"),
+                                   (reward_model, "heldout_accuracy_vs_chance",
+                                    "reward_blocking")):
+        assert specs[check].blocking
+        assert "warn-only in the embedded and tiny profiles" in specs[check].description
+        assert f'"" if settings.{setting} else WARN_ONLY' in inspect.getsource(module)
+    assert WARN_ONLY.startswith("warn-only in this profile")
+
+
 def test_definitions_hold_the_lineage():
     from mascot_dag.definitions import defs
 

@@ -199,6 +199,17 @@ def test_registry_holds_versions_linked_to_runs(lineage):
     params = client.get_run(anchor.run_id).data.params
     assert "novelty_reward" in params["reward_funcs"], params["reward_funcs"]
     assert params["prompts_with_group_history"] == "1", params
+    # MLflow as a training tracker: training experiments are of the training kind (MLflow 3's
+    # UI shows runs with curves, not its GenAI views), each curve one point per optimizer step
+    for exp in client.search_experiments():
+        if exp.name == "Default":
+            continue
+        kind = "custom_model_development" if exp.name == "evaluation" else "finetuning"
+        assert exp.tags.get("mlflow.experimentKind") == kind, (exp.name, exp.tags)
+    steps = int(params["max_steps"])
+    for key in ("reward", "loss"):
+        history = client.get_metric_history(anchor.run_id, key)
+        assert sorted(m.step for m in history) == list(range(1, steps + 1)), (key, history)
 
 
 def test_stage2_dialogues_have_directives_and_group_scores(lineage):
@@ -236,7 +247,7 @@ def test_champion_alias_follows_the_gate_decision(lineage):
 
     tracking.configure(f"sqlite:///{home}/mlflow.db", home / "mlartifacts")
     report = (home / "reports" / "latest.md").read_text(encoding="utf-8")
-    promoted = "promote" in report and "keep current champion" not in report
+    promoted = "**Decision:** promote" in report
     models = json.loads(q(home, "SELECT models FROM dialogues WHERE method = 'mascot' "
                                 "AND stage = 'eval' LIMIT 1")[0][0])
     director = models["director"].split("@v")[1]
@@ -284,6 +295,14 @@ def test_report_command(lineage):
                           env={**os.environ, "MASCOT_HOME": str(home)},
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and "latest.md" in proc.stdout
+    # the verdict first, in plain words, with its figures; then the overall table with headers
+    verdict = proc.stdout.split("## Verdict: did training work?")[1].split("\n## ")[0]
+    assert "Stage 1, persona probe" in verdict and "Stage 2 (director)" in verdict
+    assert "Too small to conclude anything" in verdict  # the tiny profile's 2 contexts
+    assert "Stage 1, reward model" in verdict
+    if "GRPO reward" in verdict:
+        assert "smoke test" in verdict  # the tiny profile's GRPO steps
+    assert "| method | overall |" in proc.stdout
 
 
 def test_probe_command_prints_the_panel(lineage):

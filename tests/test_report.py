@@ -189,3 +189,42 @@ def test_paper_numbers_beside_ours(tmp_path):
                    "agent,empatheticdialogues,positive,GPT-9,overall,99\n")
     with pytest.raises(ValueError, match="GPT-9"):
         published_table(bad)
+
+
+def test_the_report_opens_with_a_verdict_in_plain_words(tmp_path):
+    """The first section says what Stage 1, Stage 2 and the gate found, with figures, CI and n;
+    small n is called out; a short GRPO run is called a smoke test; missing parts say what to
+    run."""
+    from mascot_dag.lib.evaluation.verdict import Stage1Figures
+    from mascot_dag.lib.stage1.panel import PanelVerdict
+
+    scores, dialogues = _tables()
+    decision = gate_decision(scores, champion_exists=False, min_contexts=8)
+    probe = PanelVerdict(False, 0.0, 0.0, 0.0, 12, 96, "semantic/training", (), (), ("lexical",),
+                         {}, "")
+    stage1 = Stage1Figures(probe, "", {"heldout_accuracy": 0.625, "heldout_accuracy_lo": 0.5,
+                                       "heldout_accuracy_hi": 0.75},
+                           {"anchor": (1.13, 0.70, 4), "beacon": (0.9, 1.1, 4)})
+    director = pl.DataFrame([
+        {"dialogue_id": f"d{c}", "context_id": f"c{c}", "arm": arm, "valid_first": 1.0,
+         "retry_rate": 0.0, "fallback_rate": 0.0, "distinct_speakers": 2.0,
+         "speaker_entropy": 1.0, "group_reward": 0.5 + (0.1 if arm == "trained" else 0.0)}
+        for c in range(2) for arm in ("base", "trained")])
+    res = build_report(ReportInputs(scores, dialogues, champion=decision, stage1=stage1,
+                                    director_comparison=director), tmp_path / "rep")
+    md = res.markdown.read_text(encoding="utf-8")
+    first = md.split("\n## ")[1]
+    assert first.startswith("Verdict: did training work?"), md[:500]
+    assert "no persona effect is established" in first
+    assert "semantic/training" in first and "+0.0 points [+0.0, +0.0]" in first
+    assert "n = 96 paired units on 12 held-out contexts" in first
+    assert "lexical (below the accuracy bar)" not in first and "do not count" in first
+    assert "held-out pair accuracy 0.62 [0.50, 0.75] (chance 0.50)" in first
+    assert "anchor 1.13 -> 0.70" in first and "smoke test" in first
+    assert "group reward 0.500 -> 0.600" in first and "n = 2 units on 2 contexts" in first
+    assert "Too small to conclude anything" in first and "4 paired evaluation contexts" in first
+    assert "**Champion**: no champion yet" in first
+    bare = build_report(ReportInputs(scores, dialogues), tmp_path / "bare").markdown.read_text(
+        encoding="utf-8").split("\n## ")[1]
+    assert "Stage 1 (persona alignment)**: not measured" in bare
+    assert "materialise director_comparison" in bare and "no decision given" in bare

@@ -127,7 +127,11 @@ def warm_start_examples(store: DuckDBStore, settings: LineageSettings, card, ros
     # by DuckDB's single-writer lock, which `lib/db.connect` waits on (docs/DESIGN.md "Past one
     # machine").
     retry_policy=TRANSIENT_RETRY,
-    check_specs=[dg.AssetCheckSpec("fidelity_effect", asset="persona_adapters")],
+    check_specs=[dg.AssetCheckSpec(
+        "fidelity_effect", asset="persona_adapters",
+        description="Each persona's own probe under the panel's rule (a warning: one persona's "
+                    "CI is too wide to block on; persona_roster_probe's pooled check is the "
+                    "gate).")],
 )
 def persona_adapters(
     context: dg.AssetExecutionContext,

@@ -187,7 +187,10 @@ def director_adapter(
     })
 
 
-@dg.asset_check(asset=group_rollouts, blocking=True)
+@dg.asset_check(asset=group_rollouts, blocking=True,
+                description="Every agent turn of the Stage 2 rollouts has its director's "
+                            "directive (the director's reward is computed per directive); "
+                            "blocks the director's training.")
 def group_rollouts_directive_every_agent_turn_check(store: DuckDBStore) -> dg.AssetCheckResult:
     missing = store.frame(
         "SELECT count(*) AS n FROM turns t LEFT JOIN directives d USING (dialogue_id, turn_idx) "

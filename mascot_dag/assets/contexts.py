@@ -130,14 +130,18 @@ def contexts(
 def _check(passed: bool, description: str, **metadata) -> dg.AssetCheckResult:
     return dg.AssetCheckResult(passed=passed, description=description, metadata=metadata)
 
-@dg.asset_check(asset=contexts, blocking=True)
+@dg.asset_check(asset=contexts, blocking=True,
+                description="Every context id is unique (a repeated id would pair unrelated "
+                            "dialogues in every paired comparison); blocks what reads contexts.")
 def contexts_unique_ids_check(store: DuckDBStore) -> dg.AssetCheckResult:
     d, n = store.frame(
         "SELECT count(*) - count(DISTINCT context_id) AS d, count(*) AS n FROM contexts"
     ).row(0)
     return _check(d == 0, f"{d} duplicate ids among {n}", duplicates=int(d))
 
-@dg.asset_check(asset=contexts, blocking=True)
+@dg.asset_check(asset=contexts, blocking=True,
+                description="No context has an empty text or situation (a model asked about "
+                            "nothing); blocks what reads contexts.")
 def contexts_no_empty_texts_check(store: DuckDBStore) -> dg.AssetCheckResult:
     bad = store.frame(
         "SELECT context_id FROM contexts WHERE trim(text) = '' OR trim(situation) = '' LIMIT 10"

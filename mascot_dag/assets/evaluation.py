@@ -24,7 +24,7 @@ from mascot_dag.assets.queries import (
     dialogue_metadata,
     method_versions,
     pick_contexts,
-    probe_evidence,
+    probe_verdict,
     rosters,
     write_dialogues,
 )
@@ -46,6 +46,7 @@ from mascot_dag.registry import (
     attach_policy_sft,
     champion_exists,
     current_champion_scores,
+    training_figures,
 )
 from mascot_dag.resources.judge import JudgePanelResource
 from mascot_dag.resources.llm import ChatModelResource
@@ -294,6 +295,7 @@ def eval_report(
     """Markdown report with plots under MASCOT_HOME/reports, logged to MLflow; champion gate."""
     from mascot_dag.lib.evaluation.report import ReportInputs, build_report
     from mascot_dag.lib.evaluation.stats import win_rates
+    from mascot_dag.lib.evaluation.verdict import Stage1Figures
 
     scores = store.frame("SELECT * FROM eval_scores")
     turn_scores = store.frame("SELECT * FROM eval_turn_scores")
@@ -304,13 +306,17 @@ def eval_report(
     director_rows = store.frame("SELECT * FROM director_comparison")
     versions = method_versions(store)
     compared = current_champion_scores(tracking, scores, method_versions(store, gate.CHAMPION))
+    probed, no_probe = probe_verdict(store, settings, versions)
     decision = gate.gate_decision(
         compared, champion_exists(tracking),
         margin=settings.gate_margin, min_contexts=settings.gate_min_contexts,
         seed=settings.seed, criteria=settings.gate_criteria,
         # a profile that gates on persona criteria also needs the probe panel to agree
-        persona_evidence=probe_evidence(store, settings, versions) if settings.gate_criteria
-        else None)
+        persona_evidence=((probed is not None and probed.passed,
+                           probed.description if probed is not None else no_probe)
+                          if settings.gate_criteria else None))
+    reward_model, rewards = training_figures(tracking, versions)
+    stage1 = Stage1Figures(probed, no_probe, reward_model, rewards)
     provenance = {
         "base model": chat.model_name, "judges": sorted(scores["judge"].unique().to_list()),
         "training judge": judges.training_judge, "three-way judge": judges.three_way_judge,
@@ -324,7 +330,7 @@ def eval_report(
                                        else None, provenance, decision, list(METHODS),
                                        contexts=contexts, turn_scores=turn_scores,
                                        human_ratings=human[0], human_choices=human[1],
-                                       director_comparison=director_rows), out)
+                                       director_comparison=director_rows, stage1=stage1), out)
     latest = Home.from_env().reports / "latest.md"
     latest.write_text(result.markdown.read_text(encoding="utf-8").replace(
         "](", f"]({out.name}/"), encoding="utf-8")

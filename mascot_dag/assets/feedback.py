@@ -233,7 +233,10 @@ def persona_preference_pairs(
         )
     )
 
-@dg.asset_check(asset=persona_preference_pairs, blocking=True)
+@dg.asset_check(asset=persona_preference_pairs, blocking=True,
+                description="Every preference pair's score margin is at least "
+                            "preference_delta and chosen differs from rejected; blocks the "
+                            "reward model's training.")
 def persona_preference_pairs_margin_check(
     context: dg.AssetCheckExecutionContext, store: DuckDBStore, settings: LineageSettings
 ) -> dg.AssetCheckResult:

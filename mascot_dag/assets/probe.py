@@ -9,6 +9,7 @@ import polars as pl
 
 from mascot_dag.assets.common import (
     STAGE1_EXPERIMENT,
+    WARN_ONLY,
     cluster_tags,
     markdown_table,
     persona_partitions,
@@ -26,8 +27,12 @@ from mascot_dag.resources.tracking import MLflowResource
     group_name="persona_alignment",
     deps=[dg.AssetDep("persona_adapters", partition_mapping=dg.AllPartitionMapping())],
     kinds={"duckdb", "mlflow"},
-    check_specs=[dg.AssetCheckSpec("roster_fidelity_effect", asset="persona_roster_probe",
-                                   blocking=True)],
+    check_specs=[dg.AssetCheckSpec(
+        "roster_fidelity_effect", asset="persona_roster_probe", blocking=True,
+        description="The adapters make the roster more recognisable under every valid reader of "
+                    "the probe panel (pooled CI above zero, no persona significantly worse). "
+                    "Blocks Stage 2 and the evaluation only in profiles with probe_blocking "
+                    "(study, paper); warn-only in the embedded and tiny profiles.")],
 )
 def persona_roster_probe(
     store: DuckDBStore, tracking: MLflowResource, settings: LineageSettings
@@ -70,7 +75,12 @@ def persona_roster_probe(
                 summary.with_columns(pl.selectors.float().round(3)))),
             "readers": dg.MetadataValue.md(markdown_table(pl.DataFrame(
                 {"reader": list(result.accuracies),
-                 "accuracy": [round(a, 3) for a in result.accuracies.values()]}))),
+                 # None: people, a reference reader that counts by definition (lib/stage1/panel)
+                 "accuracy": [None if a is None else round(a, 3)
+                              for a in result.accuracies.values()]}))),
+            "people": dg.MetadataValue.md("\n".join(
+                [f"- {c.describe()}" for c in result.people]
+                + [f"- {result.raters.describe()}"])),
             "agreement": dg.MetadataValue.md(markdown_table(
                 result.agreement.with_columns(pl.selectors.float().round(3)))),
             "conservative_reader": verdict.reader,
@@ -81,7 +91,7 @@ def persona_roster_probe(
             # blocking only fails the run at ERROR
             severity=dg.AssetCheckSeverity.ERROR if settings.probe_blocking
             else dg.AssetCheckSeverity.WARN,
-            description=verdict.description,
+            description=("" if settings.probe_blocking else WARN_ONLY) + verdict.description,
             metadata={**effect, "significantly_worse": ", ".join(verdict.worse),
                       "established": ", ".join(verdict.established),
                       "conservative_reader": verdict.reader},

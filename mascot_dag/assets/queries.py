@@ -119,10 +119,9 @@ def method_versions(store: DuckDBStore, method: str = "mascot") -> dict[str, str
     return out
 
 
-def probe_evidence(store: DuckDBStore, settings: LineageSettings,
-                   versions: dict[str, str]) -> tuple[bool, str]:
-    """The probe panel's verdict on the adapters `versions` names (the champion gate's persona
-    criteria, lib/evaluation/champion.gate_decision): (passed, why)."""
+def probe_verdict(store: DuckDBStore, settings: LineageSettings, versions: dict[str, str]):
+    """The probe panel's verdict (lib/stage1/panel.PanelVerdict) on the persona adapters
+    `versions` names ({model: version}), or (None, why there is none)."""
     from mascot_dag.lib.evaluation.stats import MIN_CLUSTERS_FOR_SIGNIFICANCE
     from mascot_dag.lib.stage1.panel import roster_panel
 
@@ -130,18 +129,17 @@ def probe_evidence(store: DuckDBStore, settings: LineageSettings,
     probed = store.frame("SELECT DISTINCT persona_id, model_version FROM persona_probe "
                          "WHERE arm = 'adapter'")
     if not used:
-        return False, "the candidate used no persona adapter"
+        return None, "the evaluation used no persona adapter"
     missing = used - set(probed["model_version"].to_list())
     if missing:
-        return False, f"no probe of {', '.join(sorted(missing))}"
+        return None, f"no probe of {', '.join(sorted(missing))}"
     personas = sorted(set(probed.filter(pl.col("model_version").is_in(list(used)))["persona_id"]
                           .to_list()))
     try:
-        result = roster_panel(store.frame, personas, settings.train_persona_set,
-                              MIN_CLUSTERS_FOR_SIGNIFICANCE, seed=settings.seed)
+        return roster_panel(store.frame, personas, settings.train_persona_set,
+                            MIN_CLUSTERS_FOR_SIGNIFICANCE, seed=settings.seed).verdict, ""
     except ValueError as e:
-        return False, str(e)
-    return result.verdict.passed, result.verdict.description
+        return None, str(e)
 
 
 def dialogue_records(store: DuckDBStore, prefix: str) -> list:

@@ -153,6 +153,14 @@ class MLflowResource(dg.ConfigurableResource):
         self.configure()
         return tracking.version_run_id(model_name, version)
 
+    def run_metrics(self, run_id: str) -> dict[str, float]:
+        self.configure()
+        return tracking.run_metrics(run_id)
+
+    def metric_history(self, run_id: str, key: str) -> list[tuple[int, float]]:
+        self.configure()
+        return tracking.metric_history(run_id, key)
+
     def download_adapter(self, model_uri: str, dst: str | Path) -> Path:
         self.configure()
         return tracking.download_adapter(model_uri, dst)

@@ -11,6 +11,9 @@ answer for the item. This process touches DuckDB one request at a time (a lock):
 submissions then wait instead of meeting as conflicting transactions, and a rating page needs no
 parallel reads. Connections are opened per request, so a Dagster run can use the file in between.
 
+The page's second task, /who (web/who.py), asks for single probe utterances which companion of
+the roster said it; those answers make people a reader of the persona probe's panel.
+
 Forms are parsed by hand (urlencoded only): no python-multipart dependency, and the body is cut
 off at MAX_BODY_BYTES before anything is parsed (same approach as web/chat.py). Every request
 passes `web.guard` first (Host names, same-origin POSTs, the form token the rating form carries).
@@ -31,7 +34,7 @@ from fastapi.responses import HTMLResponse, JSONResponse
 
 from mascot_dag.lib.evaluation import human as H
 from mascot_dag.lib.storage import db
-from mascot_dag.web import guard
+from mascot_dag.web import guard, who
 from mascot_dag.web.forms import FormError, read_form
 
 MAX_BODY_BYTES = 32 * 1024  # a full form is ~1.5 KB plus a comment of <= 2000 characters
@@ -123,11 +126,12 @@ knowing which system wrote which. Rate each on every criterion (1 = absent or ha
 <button type="submit" id="start">Start</button></form>""")
 
 
-def index_page(rater: str, items: list[H.Item], done: set[str]) -> str:
+def index_page(rater: str, items: list[H.Item], done: set[str], who: str = "") -> str:
+    """`who`: the paragraph linking the /who task (web/who.py), "" when it has nothing."""
     if not items:
         return _page("MASCOT blind rating", "<h1>Nothing to rate</h1><p>No three-way items: the "
                      "eval dialogues (MASCOT and at least two other methods on one context) are "
-                     "not in the database yet; run <code>make demo</code>.</p>")
+                     f"not in the database yet; run <code>make demo</code>.</p>{who}")
     rows = "".join(
         f"<li><a href='/item?rater={quote(rater)}&amp;item={quote(i.item_id)}'>item {n}</a> "
         f"{'(rated, open to change)' if i.item_id in done else ''}</li>"
@@ -136,7 +140,7 @@ def index_page(rater: str, items: list[H.Item], done: set[str]) -> str:
     go = (f"<p><a id='next' href='/item?rater={quote(rater)}&amp;item={quote(nxt.item_id)}'>"
           "Rate the next unrated item</a></p>" if nxt else "<p id='all-done'>You rated every item. "
           "Thank you!</p>")
-    return _page("MASCOT blind rating", f"<h1>Hello, {_e(rater)}</h1><p>{len(done)} of "
+    return _page("MASCOT blind rating", f"<h1>Hello, {_e(rater)}</h1>{who}<p>{len(done)} of "
                  f"{len(items)} items rated.</p>{go}<ol>{rows}</ol>")
 
 
@@ -226,6 +230,7 @@ def saved_page(rater: str, n: int, replaced: bool, items: list[H.Item], done: se
 def create_app(path: str | Path, allowed_hosts: Iterable[str] = ()) -> FastAPI:
     """The page's app; `allowed_hosts`: Host names beyond loopback (`web.guard`)."""
     store = Ratings(path)
+    roles = who.RoleAnswers(path, store.lock)  # "which companion said it?" (web/who.py)
     app = FastAPI(title="MASCOT blind rating", docs_url=None, redoc_url=None, openapi_url=None)
     guard.install(app, allowed_hosts)
 
@@ -244,7 +249,8 @@ def create_app(path: str | Path, allowed_hosts: Iterable[str] = ()) -> FastAPI:
             return HTMLResponse(login_page(e.problems[0]), status_code=422)
         items = await run_in_threadpool(store.items)
         done = set(await run_in_threadpool(store.answers, rater))
-        return HTMLResponse(index_page(rater, items, done))
+        return HTMLResponse(index_page(rater, items, done,
+                                       await run_in_threadpool(who.link, rater, roles)))
 
     @app.get("/item", response_class=HTMLResponse)
     async def show(request: Request, rater: str = "", item: str = "") -> HTMLResponse:
@@ -291,6 +297,8 @@ def create_app(path: str | Path, allowed_hosts: Iterable[str] = ()) -> FastAPI:
         items = await run_in_threadpool(store.items)
         done = set(await run_in_threadpool(store.answers, sub["rater"]))
         return HTMLResponse(saved_page(sub["rater"], n, replaced, items, done))
+
+    who.install(app, roles, _page, problem)
 
     @app.get("/healthz")
     async def healthz() -> JSONResponse:

@@ -268,15 +268,17 @@ class PeopleCoverage:
     n_paired_texts: int  # of those, texts whose unit's other arm is answered too
     fewest_contexts: int  # fewest contexts with a paired unit, over the roster's personas
     joins: bool
+    min_texts: int  # the thresholds it was held to
+    min_contexts: int
 
-    def describe(self, min_texts: int, min_contexts: int) -> str:
+    def describe(self) -> str:
         what = (f"people/{self.format}: {self.n_answers} answers on {self.n_texts} texts "
                 f"({self.n_paired_texts} in complete base/adapter pairs; fewest contexts of a "
                 f"persona {self.fewest_contexts})")
         if self.joins:
             return f"{what}: a reader of the panel"
-        return (f"{what}: not yet a reader (needs >= {min_texts} texts in complete pairs and "
-                f"every persona on >= {min_contexts} contexts)")
+        return (f"{what}: not yet a reader (needs >= {self.min_texts} texts in complete pairs "
+                f"and every persona on >= {self.min_contexts} contexts)")
 
 
 def coverage(matched: pl.DataFrame, personas: Sequence[str], formats: Sequence[str],
@@ -294,5 +296,6 @@ def coverage(matched: pl.DataFrame, personas: Sequence[str], formats: Sequence[s
         fewest = min((contexts.get(p, 0) for p in personas), default=0)
         paired = 2 * pairs.height
         out.append(PeopleCoverage(fmt, part.height, texts.height, paired, fewest,
-                                  paired >= min_texts and fewest >= min_contexts))
+                                  paired >= min_texts and fewest >= min_contexts, min_texts,
+                                  min_contexts))
     return out

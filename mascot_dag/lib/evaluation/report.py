@@ -38,6 +38,7 @@ from mascot_dag.lib.evaluation.report_sections import (
     save_png,
 )
 from mascot_dag.lib.evaluation.stats import bootstrap_ci, mean_std
+from mascot_dag.lib.evaluation.verdict import Stage1Figures, champion_section, verdict_section
 from mascot_dag.lib.stage2.director_eval import report_section as director_section
 from mascot_dag.lib.types import AGENT_CRITERIA, COLLECTIVE_CRITERIA
 
@@ -76,6 +77,7 @@ class ReportInputs:
     human_ratings: pl.DataFrame | None = None  # `human_ratings` rows (None/empty: not rated)
     human_choices: pl.DataFrame | None = None  # `human_choices` rows
     director_comparison: pl.DataFrame | None = None  # `director_comparison` rows
+    stage1: Stage1Figures | None = None  # the verdict section's Stage 1 figures
 
 
 @dataclass
@@ -352,7 +354,10 @@ def build_report(data: ReportInputs, out_dir: Path) -> ReportResult:
     per = dialogue_overall(scores)
     items = per_dialogue_items(judge, dialogues)
     rubrics = {"agent": AGENT_CRITERIA, "collective": COLLECTIVE_CRITERIA}
-    lines = [f"# {data.title}", "", "## Overall score by method (0-100)", "",
+    champ = asdict(data.champion) if is_dataclass(data.champion) else data.champion
+    lines = [f"# {data.title}", "",
+             *verdict_section(data.stage1, data.director_comparison, champ),
+             "## Overall score by method (0-100)", "",
              "Mean of the per-criterion means of all agent-level and collective judge criteria "
              "(see `mascot_dag/lib/evaluation/champion.py`); CI: bootstrap over dialogues. Last "
              "column: "
@@ -381,19 +386,7 @@ def build_report(data: ReportInputs, out_dir: Path) -> ReportResult:
     lines += director_section(data.director_comparison)
     lines += ["## Provenance", ""]
     lines += (_bullets(data.provenance) or ["n/a (no provenance given)"]) + [""]
-    lines += ["## Champion decision", ""]
-    champ = asdict(data.champion) if is_dataclass(data.champion) else data.champion
-    if not champ:
-        lines += ["n/a (no champion decision given)"]
-    else:
-        verdict = "promote" if champ.get("promote") else "keep current champion"
-        lines += [f"**Decision:** {verdict}", "", f"{champ.get('reason', 'n/a (no reason)')}", ""]
-        if champ.get("comparator"):
-            lines += [f"**Gate:** mascot − {champ['comparator']} = {_num(champ.get('diff'), 2)} "
-                      f"[95% CI {_num(champ.get('ci_lo'), 2)}, {_num(champ.get('ci_hi'), 2)}], "
-                      f"n = {champ.get('n_contexts', 0)} paired contexts, promote only if the CI "
-                      f"lies above {champ.get('margin', 0):g}", ""]
-        lines += _bullets({k: v for k, v in champ.items() if k not in ("promote", "reason")})
+    lines += champion_section(champ, _num, _bullets)
     md = out_dir / "report.md"
     md.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return ReportResult(md, plots, headline)

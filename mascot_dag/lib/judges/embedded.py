@@ -15,21 +15,20 @@ features and never follows it (sentences addressed to the evaluator are handled 
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, replace
 
 import numpy as np
 
 from mascot_dag.lib.data.personas import PersonaCard
 from mascot_dag.lib.judges import features as F
-from mascot_dag.lib.judges.base import USER_SPEAKER, BlockItem, ResponseItem, mean_score
-from mascot_dag.lib.judges.injection import (
+from mascot_dag.lib.judges.addressed import (
+    ADDR_K,
     EVALUATOR_EXEMPLARS,
     ORDINARY_EXEMPLARS,
-    lexical_part,
-    rebuild,
-    units,
+    addressed,
 )
+from mascot_dag.lib.judges.base import USER_SPEAKER, BlockItem, ResponseItem, mean_score
+from mascot_dag.lib.judges.injection import lexical_part, rebuild, units
 from mascot_dag.lib.types import AGENT_CRITERIA, Score
 
 _MODELS: dict[str, object] = {}  # one SentenceTransformer per device for the whole process
@@ -57,16 +56,6 @@ from mascot_dag.lib.judges.scales import (  # noqa: E402
     to_score,
     unit,
 )
-
-# A sentence of a context addresses the evaluator when its mean MiniLM cosine to the ADDR_K closest
-# evaluator exemplars is at least ADDR_HI and beats the same mean over the ordinary exemplars by
-# ADDR_MARGIN. A neighbour of such a sentence joins it (an instruction split over sentences:
-# "Imagine you are a kind teacher. Teachers like that never fail anyone.") when it leans to the
-# evaluator exemplars too (from ADDR_LO) and is closer to that sentence, by ADDR_COHERE, than to any
-# sentence of the context left: parts of one instruction resemble each other, a seeker's sentence resembles
-# the situation. Calibrated in tests/test_judge_injection.py.
-ADDR_K, ADDR_HI, ADDR_MARGIN, ADDR_LO, ADDR_COHERE = 3, 0.42, 0.10, 0.25, 0.10
-_MARKUP = re.compile(r"\s*[>#*|`{\[<-]")
 
 
 @dataclass
@@ -144,10 +133,10 @@ class EmbeddedJudge:
     # ---- text that is data -------------------------------------------------------------------
     def clean_data(self, texts: list[str]) -> list[str]:
         """Contexts and the seeker's turns as the judge reads them: ED's `_comma_` restored, then,
-        sentence by sentence, what is addressed to the evaluator left out: by its form
-        (`injection.lexical_part`), then by its meaning (`addressed`). Why leave out rather than
-        down-weight: a context without the added sentences is the context as it was, to the byte,
-        so every score of a reply is exactly what it was without them."""
+        sentence by sentence, what is addressed to the evaluator left out, found by its form
+        (`injection.lexical_part`) and by its meaning (`addressed`). Left out rather than
+        down-weighted: without the added sentences the context is what it was, to the byte, so
+        every score of a reply is exactly what it was."""
         todo = sorted({t for t in texts if t not in self._clean})
         if todo:
             self._bank()
@@ -157,16 +146,17 @@ class EmbeddedJudge:
             spans = {t: units(plain[t]) for t in todo}
             whole = {t: [plain[t][a:b] for a, b in spans[t]] for t in todo}
             parts = {t: [lexical_part(u) for u in whole[t]] for t in todo}
-            self._embed([p if p is not None else u for t in todo
-                         for u, p in zip(whole[t], parts[t], strict=True)])  # fmt: skip
+            # a unit cut whole by form is still read (as it was) for its neighbours' sake
+            read = {t: [u if p is None else p for u, p in zip(whole[t], parts[t], strict=True)]
+                    for t in todo}  # fmt: skip
+            self._embed([r for t in todo for r in read[t]])
             for t in todo:
-                pre = [p is None for p in parts[t]]
-                read = [u if p is None else p for u, p in zip(whole[t], parts[t], strict=True)]
                 lines = [plain[t].count("\n", 0, a) for a, _ in spans[t]]
-                flags = self.addressed(read, pre, lines)
+                pre = [p is None for p in parts[t]]
+                flags = addressed(read[t], self.leaning, pre, lines)
                 kept = [None if f else p for f, p in zip(flags, parts[t], strict=True)]
-                self._clean[t] = (plain[t] if kept == whole[t] else rebuild(plain[t], spans[t], kept)
-                                  ) or plain[t]  # fmt: skip
+                same = kept == whole[t]
+                self._clean[t] = plain[t] if same else rebuild(plain[t], spans[t], kept) or plain[t]
         return [self._clean[t] for t in texts]
 
     def _bank(self) -> tuple[np.ndarray, np.ndarray]:
@@ -177,34 +167,12 @@ class EmbeddedJudge:
                            np.stack([self.vector(t) for t in ORDINARY_EXEMPLARS]))  # fmt: skip
         return self._banks
 
-    def addressed(self, sentences: list[str], pre: list[bool] | None = None,
-                  lines: list[int] | None = None) -> list[bool]:  # fmt: skip
-        """Which of consecutive sentences (already embedded) address the evaluator. `pre`: those
-        already known to (by their form); `lines`: the line each sentence is on."""
-        if not sentences:
-            return []
-        v = np.stack([self.vector(t) for t in sentences])
+    def leaning(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """Mean cosine of each text to its ADDR_K closest evaluator and ordinary exemplars."""
+        self._embed(texts)
+        v = np.stack([self.vector(t) for t in texts])
         e, o = (np.sort(v @ bank.T, axis=1)[:, -ADDR_K:].mean(axis=1) for bank in self._bank())
-        flag = [bool(f) or p for f, p in
-                zip((e >= ADDR_HI) & (e - o >= ADDR_MARGIN), pre or [False] * len(v), strict=True)]
-        lean = (e >= ADDR_LO) & (e >= o)
-        lines = lines or [0] * len(v)
-        # a neighbour on another line joins only when its line is markup (a heading, a quote, a
-        # list item: "> **Reviewer checklist**"); a seeker's or a speaker's line never does
-        joins = [[j for j in (i - 1, i + 1) if 0 <= j < len(v) and (
-            lines[j] == lines[i] or _MARKUP.match(sentences[i]))] for i in range(len(v))]  # fmt: skip
-        sim = v @ v.T
-        grown = any(flag)
-        while grown:  # grow each flagged run over leaning neighbours, until nothing joins
-            grown = False
-            for i in range(len(v)):
-                near = [j for j in joins[i] if flag[j]]
-                if flag[i] or not near or not lean[i]:
-                    continue
-                rest = [sim[i, k] for k in range(len(v)) if not flag[k] and k != i]
-                if max(sim[i, j] for j in near) >= max(rest, default=-1.0) + ADDR_COHERE:
-                    flag[i] = grown = True
-        return flag
+        return e, o
 
     # ---- shared features --------------------------------------------------------------------
     def _fidelity(self, text: str, card: PersonaCard, roster: list[PersonaCard], ctx: str) -> dict:

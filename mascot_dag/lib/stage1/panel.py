@@ -204,9 +204,9 @@ def roster_panel(query, personas: Sequence[str], persona_set: str, min_contexts:
     versions = sorted(set(texts.filter(pl.col("arm") == "adapter")["model_version"].to_list()))
     verdict = panel_verdict(summary, accuracies, personas, min_contexts)
     raters = human_roles.rater_agreement(answers)
-    status = [c.describe(PEOPLE_MIN_TEXTS, min_contexts) for c in people]
+    status = [c.describe() for c in people]
     verdict = dataclasses.replace(verdict, description=(
-        f"{verdict.description}. People: {'; '.join(status)}; {raters.describe()}"))
+        f"{verdict.description}. {'; '.join(status)}; {raters.describe()}"))
     agreement = reader_agreement(pl.concat([readings, said], how="vertical_relaxed")
                                  .with_columns(arm=as_adapter))
     return RosterPanel(summary, verdict, agreement, accuracies, versions, people, raters)
@@ -229,7 +229,7 @@ def panel_text(result: RosterPanel, arm: str, persona_set: str) -> str:
         by = {r["persona"]: r for r in part.to_dicts()}
         acc = result.accuracies.get(reader)
         rows.append({"reader": reader, "format": fmt,
-                     "accuracy": "n/a" if acc is None else f"{acc:.0%}",
+                     "accuracy": "reference" if acc is None else f"{acc:.0%}",
                      "counts": "yes" if reader in valid else "no",
                      "pooled gain [95% CI]": ci(by["all"]),
                      "n units/contexts": f"{by['all']['n_units']}/{by['all']['n_contexts']}",
@@ -246,5 +246,7 @@ def panel_text(result: RosterPanel, arm: str, persona_set: str) -> str:
         "points, per reader:", text_table(pl.DataFrame(rows)), "",
         "embedded judge (1-5 gains; the training signal's neighbour, not a reader):",
         text_table(judged), "", "reader agreement on the probe texts (Cohen's kappa):",
-        agreement, "", f"verdict: {result.verdict.description}"])
+        agreement, "", "people (`mascot rate`, /who: which companion said it?):",
+        *[f"  {c.describe()}" for c in result.people],
+        f"  {result.raters.describe()}", "", f"verdict: {result.verdict.description}"])
 

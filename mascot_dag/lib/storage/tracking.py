@@ -36,6 +36,10 @@ def _client() -> Any:
     return MlflowClient()
 
 
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+EVALUATION_EXPERIMENTS = ("evaluation",)  # every other experiment of the lineage trains
+
+
 def experiment(name: str) -> str:
     """The id of experiment `name`, created (artifacts under artifact_root/name) when new."""
     return _experiment_id(name)
@@ -44,14 +48,20 @@ def experiment(name: str) -> str:
 def _experiment_id(name: str) -> str:
     client = _client()
     found = client.get_experiment_by_name(name)
+    kind = "custom_model_development" if name in EVALUATION_EXPERIMENTS else "finetuning"
     if found is not None:
+        if EXPERIMENT_KIND_TAG not in found.tags:  # created by an older version
+            client.set_experiment_tag(found.experiment_id, EXPERIMENT_KIND_TAG, kind)
         return found.experiment_id
     location = None
     if _artifact_root is not None:
         path = _artifact_root / name
         path.mkdir(parents=True, exist_ok=True)
         location = path.as_uri()
-    return client.create_experiment(name, artifact_location=location)
+    # MLflow 3's UI opens an experiment without this tag in its GenAI mode (traces and
+    # evaluations); the tag makes it a training experiment: runs with their curves
+    return client.create_experiment(name, artifact_location=location,
+                                    tags={EXPERIMENT_KIND_TAG: kind})
 
 
 @contextmanager
@@ -213,6 +223,16 @@ def version_run_id(model_name: str, version: str | int) -> str:
     """The id of the run that produced a registered version ("" when it has none). Unlike the
     version number, it never repeats: a registry reset starts numbering at 1 again."""
     return _client().get_model_version(model_name, str(version)).run_id or ""
+
+
+def run_metrics(run_id: str) -> dict[str, float]:
+    """The latest value of every metric of a run."""
+    return dict(_client().get_run(run_id).data.metrics)
+
+
+def metric_history(run_id: str, key: str) -> list[tuple[int, float]]:
+    """(step, value) of a metric of a run, by step ([] when it was never logged)."""
+    return sorted((m.step, m.value) for m in _client().get_metric_history(run_id, key))
 
 
 def download_adapter(model_uri: str, dst: str | Path) -> Path:
