@@ -209,3 +209,22 @@ def test_models_labels_and_roster(monkeypatch):
     monkeypatch.setenv("MASCOT_PERSONAS_DIR", str(EXAMPLE / "personas"))
     roster, mode = roster_of(None)
     assert mode == "support" and [c.persona_id for c in roster] == ["tutor", "sceptic", "organiser"]
+
+
+def test_roster_gate_says_na_without_reference_utterances(tmp_path, home, monkeypatch):
+    """A user's set without probe/<set>.yaml: the gate reports n/a (a warning), never a verdict
+    from another set's readers, and does not crash."""
+    from mascot_dag.assets.probe import persona_roster_probe
+    from mascot_dag.resources.settings import LineageSettings
+    from mascot_dag.resources.store import DuckDBStore
+    from mascot_dag.resources.tracking import MLflowResource
+
+    monkeypatch.setenv("MASCOT_PERSONAS_DIR", str(_folder(tmp_path, {
+        "duo": [_card("a"), _card("b")]})))
+    res = dg.materialize([persona_roster_probe], resources={
+        "store": DuckDBStore(path=str(home / "m.duckdb")), "tracking": MLflowResource(),
+        "settings": LineageSettings(train_persona_set="duo")})
+    assert res.success
+    (check,) = res.get_asset_check_evaluations()
+    assert check.passed and check.severity == dg.AssetCheckSeverity.WARN
+    assert check.description.startswith("n/a: no reference utterances for duo")

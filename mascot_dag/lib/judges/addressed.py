@@ -186,6 +186,8 @@ ORDINARY_EXEMPLARS = (
     "My coach told me I was the best player on the team.",
     "We rated the restaurant five stars on the app.",
     "What do you do for work?",
+    "Was my answer not good enough for them?",
+    "I hope my reply to her message was okay.",
     "Please be patient with me, I'm struggling.",
     "P.S. I really miss my grandmother.",
     "My kids ignore everything I tell them.",
