@@ -9,8 +9,34 @@ from pathlib import Path
 
 import typer
 
+from mascot_dag.lib.storage import named_queries
+
 app = typer.Typer(help="MASCOT-DAG: multi-agent socio-collaborative companions.",
                   no_args_is_help=True)
+
+
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+
+        typer.echo(f"mascot-dag {version('mascot-dag')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main(_: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                help="Print the package version and exit.")) -> None:
+    """MASCOT-DAG: multi-agent socio-collaborative companions."""
+
+
+def _check_port(port: int, host: str = "127.0.0.1") -> None:
+    from mascot_dag.lib.runtime.ports import port_problem
+
+    if problem := port_problem(host, port):
+        typer.echo(problem, err=True)
+        raise typer.Exit(2)
+
+
 
 
 @app.command()
@@ -57,17 +83,7 @@ def demo(
     quiet_libraries()  # before transformers, datasets and mlflow are imported
     from mascot_dag.pipeline import interruptible, prepare_home
 
-    interruptible()
-    # `kill -USR1 PID` prints every thread's stack to stderr: how a walk that stopped moving
-    # (runs launched at once on Ray) is seen without a debugger
-    import faulthandler
-    import signal
-
-    try:
-        faulthandler.register(signal.SIGUSR1, all_threads=True)
-    except (AttributeError, OSError, RuntimeError, ValueError):  # stderr without a file
-        pass  # (a test runner's captured stream): no dump, the demo runs as before
-
+    interruptible()  # SIGINT/SIGTERM stop the walk; SIGUSR1 dumps every thread's stack
     if profile:
         os.environ["MASCOT_PROFILE"] = profile
     # Through the environment, so that steps running in other processes (multiprocess, Ray
@@ -152,6 +168,9 @@ def serve(
 ) -> None:
     """Serve an OpenAI-compatible /v1/chat/completions endpoint (FastAPI + uvicorn) over vLLM's
     async engine (or transformers), with /metrics; see mascot_dag/lib/serving/server.py."""
+    from mascot_dag.lib.runtime.quiet import quiet_libraries
+
+    quiet_libraries()  # MLflow's store set-up lines would bury a one-line error
     adapter = list(adapter)
     if not adapter:  # the trained group, each adapter under its registered model's name
         from mascot_dag.companions import served_adapters
@@ -189,20 +208,17 @@ def _read_db(path: Path, sql: str, params: list | dict | None = None):
         raise typer.Exit(1) from None
 
 
-@app.command()
+@app.command(help=named_queries.describe())
 def query(
     name: str = typer.Argument(..., help="A query in mascot_dag/sql/queries/NAME.sql"),
     param: list[str] = typer.Option([], "--param", "-p", help="k=v, bound as $k"),
-    limit: int = typer.Option(50, help="Rows to print."),
+    limit: int = typer.Option(50, help="Rows to print (0: all)."),
 ) -> None:
-    """Run a named SQL query on the DuckDB file and print a table."""
-    from mascot_dag.lib.storage import db
     from mascot_dag.lib.storage.home import Home
 
-    path = Path(db.SQL_DIR) / "queries" / f"{name}.sql"
+    path = named_queries.QUERIES / f"{name}.sql"
     if not path.exists():
-        names = sorted(p.stem for p in path.parent.glob("*.sql"))
-        typer.echo(f"no query {name!r}; available: {', '.join(names)}", err=True)
+        typer.echo(f"no query {name!r}; available: {', '.join(named_queries.names())}", err=True)
         raise typer.Exit(2)
     params = {}
     for kv in param:
@@ -211,14 +227,23 @@ def query(
             raise typer.Exit(2)
         k, v = kv.split("=", 1)
         params[k] = v
+    sql = path.read_text(encoding="utf-8")
+    missing = [p for p in named_queries.parameters(sql) if p not in params]
+    if missing:
+        typer.echo(f"query {name} needs {' '.join(f'--param {m}=VALUE' for m in missing)}",
+                   err=True)
+        raise typer.Exit(2)
     home = Home.from_env()
     if not home.duckdb.exists():
         typer.echo(f"{home.duckdb} does not exist yet: run `make demo` first", err=True)
         raise typer.Exit(2)
     from mascot_dag.lib.markdown import text_table
 
-    df = _read_db(home.duckdb, path.read_text(encoding="utf-8"), params or None)
-    typer.echo(text_table(df.head(limit)) if len(df) else "(no rows)")
+    df = _read_db(home.duckdb, sql, params or None)
+    shown = df if limit <= 0 else df.head(limit)
+    typer.echo(text_table(shown) if len(df) else "(no rows)")
+    if len(shown) < len(df):
+        typer.echo(f"(showing {len(shown)} of {len(df)} rows; --limit 0 shows all)")
 
 
 @app.command()
@@ -273,6 +298,7 @@ def chat(
                        "terminal chat (`mascot chat --roster NAME`) for other sets", err=True)
             raise typer.Exit(2) from None
         hosts = checked_hosts(allow_host)  # before the model loads
+        _check_port(port)
         label = resolve_models(models, profile)
         group = load_group(label, max_new_tokens, agents_per_round, director_max_new_tokens,
                            engine, profile)
@@ -335,6 +361,7 @@ def rate(
         typer.echo(f"{n} ratings -> {export}")
         return
     hosts = checked_hosts(allow_host)
+    _check_port(port)
     typer.echo(f"Rating page on http://127.0.0.1:{port}/ (database {path}; Ctrl-C stops it)")
     web.serve(path, port, allowed_hosts=hosts)
 

@@ -84,6 +84,14 @@ def interruptible() -> None:
     waits on the asset run and stops it."""
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, signal.default_int_handler)
+    # `kill -USR1 PID` prints every thread's stack to stderr: how a walk that stopped moving
+    # (runs launched at once on Ray) is seen without a debugger
+    import faulthandler
+
+    try:
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
+    except (AttributeError, OSError, RuntimeError, ValueError):  # stderr without a file
+        pass  # (a test runner's captured stream): no dump, the walk runs as before
 
 
 def write_dagster_yaml(dagster_home: str | os.PathLike) -> None:

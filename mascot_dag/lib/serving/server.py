@@ -394,11 +394,21 @@ def _local_adapter(spec: str, home: Any) -> str:
         return spec
     import re
 
+    from mlflow.exceptions import MlflowException
+
     from mascot_dag.lib.storage import tracking
 
     tracking.configure(home.mlflow_uri, home.mlflow_artifacts)
     dst = home.root / "served_adapters" / re.sub(r"[^\w.-]+", "_", spec)
-    return str(tracking.download_adapter(spec, dst))
+    try:
+        return str(tracking.download_adapter(spec, dst))
+    except MlflowException as e:
+        # one line, not MLflow's traceback: which adapter, why, and what to run instead
+        why = str(e).splitlines()[0] if str(e) else type(e).__name__
+        hint = (" (no evaluation has promoted a champion yet: name a version, "
+                "models:/NAME/VERSION, or leave out --adapter to serve the latest versions)"
+                if "@" in spec else "")
+        raise SystemExit(f"--adapter {spec}: {why}{hint}") from None
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -429,6 +439,10 @@ def main(argv: list[str] | None = None) -> None:
     # Before torch loads: spinning OpenMP workers slow generation ~10x on a shared, busy CPU.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
+    from mascot_dag.lib.runtime.ports import port_problem
+
+    if problem := port_problem(args.host, args.port):  # before a minute of model loading
+        raise SystemExit(problem)
     home = Home.from_env()
     specs = map(_parse_adapter, args.adapter)
     adapters = {name: _local_adapter(spec, home) for name, spec in specs}
