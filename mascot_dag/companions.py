@@ -118,7 +118,7 @@ def terminal_chat(lines, echo, roster_name: str | None, models: str | None,
                   seed: int = 0, **overrides) -> None:
     """`mascot chat` in the terminal: `lines` the user's messages, `echo` prints. Every reply is
     labelled with the persona's model and version (or the base model + persona prompt)."""
-    from mascot_dag.lib.dialogue.chat import ChatSession, version_label
+    from mascot_dag.lib.dialogue.chat import MODEL_NOTE, ChatSession, version_label
     from mascot_dag.registry import DIRECTOR_MODEL, persona_model
 
     roster, mode = roster_of(roster_name)
@@ -141,6 +141,7 @@ def terminal_chat(lines, echo, roster_name: str | None, models: str | None,
              "model with persona prompts (run `make demo`).")
     session = ChatSession(roster, group.chat.generate, group.config, seed=seed, mode=mode,
                           labels=labels)
+    echo(MODEL_NOTE)
     echo("Type a message (empty line or 'quit' to stop).")
     said = 0
     for line in lines:
@@ -148,7 +149,10 @@ def terminal_chat(lines, echo, roster_name: str | None, models: str | None,
         if not line or line.lower() in {"quit", "exit"}:
             break
         for card, reply, d in session.say(line):
-            echo(f"[{card.name}] <{labels[card.persona_id]}> ({d['action']}; {d['tone']}) {reply}")
+            directive = (f"({d['action']}; {d['tone']})" if d["valid"]
+                         else f"(director: {d['status']}, no valid directive)")
+            resampled = f" [resampled {d['resamples']}x]" if d["resamples"] else ""
+            echo(f"[{card.name}] <{labels[card.persona_id]}> {directive}{resampled} {reply}")
         said += 1
         if turns and said >= turns:
             break

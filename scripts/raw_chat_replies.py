@@ -8,7 +8,7 @@ issue 32 was filed. Each agent turn stores `samples`: the first sample and the r
 chat would draw (`lib.dialogue.guards.resample_seed`), so tests replay the guards, resampling
 included, without the model. One JSON line per conversation.
 
-    HF_HUB_OFFLINE=1 .venv/bin/python scripts/raw_chat_replies.py [--conversations 30]
+    HF_HUB_OFFLINE=1 .venv/bin/python scripts/raw_chat_replies.py [--conversations 24]
 """
 
 from __future__ import annotations
@@ -24,12 +24,56 @@ OUT = Path(__file__).resolve().parents[1] / "tests" / "data" / "raw_chat_replies
 FOLLOW_UP = "Thanks. What would you do in my place?"
 
 
+def issue_examples() -> dict:
+    """Issue 32's leaks verbatim (a conversation of their own, `source` "issue 32"): "Your Next
+    Turn:", the stage direction, the Catalyst's system prompt word for word, a companion
+    repeating the previous one, a reply cut mid-sentence, the junk directive."""
+    from mascot_dag.lib.data.personas import (
+        load_personas,
+        mode_sets,
+        personas_of_set,
+        system_prompt,
+    )
+
+    cards = load_personas()
+    roster = personas_of_set(cards, mode_sets(cards)["support"])
+    catalyst = next(c for c in roster if c.persona_id == "catalyst")
+    prompt = system_prompt(catalyst, "zero_shot", roster)
+    said = ("I'm sorry you failed again. Feeling stupid after a test is normal, and it does "
+            "not say who you are.")
+    junk = ("shout out a prayer that you will not lose your job today and that you will not "
+            "lose your a")
+
+    def agent(pid: str, samples: list[str], action: str = "comfort them",
+              status: str = "ok") -> dict:
+        return {"role": "agent", "speaker": pid, "samples": samples,
+                "directive": {"action": action, "tone": "warm", "status": status}}
+
+    return {"context_id": "issue32", "source": "issue 32", "turns": [
+        {"role": "user", "text": "I failed my driving test again and I feel stupid."},
+        agent("anchor", ["Your Next Turn: " + said, "Anchor: I hear you.", "I hear you."]),
+        agent("catalyst", [said.replace("does not", "doesn't"),
+                           "As the Catalyst finishes speaking, you could respond as the Anchor.",
+                           "Book the next test today, and practise the parking twice."]),
+        {"role": "user", "text": "I might lose my job if I cannot drive."},
+        agent("catalyst", [prompt, prompt[:200] + " Let's make a plan for this week.",
+                           "Let's make a plan for this week."], action=junk),
+        agent("beacon", ["That fear makes sense, and you have handled hard weeks before. You "
+                         "could ask your manager whether a lift or the bus would work until the",
+                         "You are not alone in this.", "You are not alone in this."]),
+    ]}
+
+
 def main() -> None:
     from mascot_dag.lib.data.empathetic import load_empathetic_dialogues
     from mascot_dag.lib.data.personas import load_personas, mode_sets, personas_of_set
     from mascot_dag.lib.data.sources import DEMO_ED
     from mascot_dag.lib.dialogue.engine import (
-        DialogueState, agent_request, clean_agent_text, direct_turns)
+        DialogueState,
+        agent_request,
+        clean_agent_text,
+        direct_turns,
+    )
     from mascot_dag.lib.dialogue.guards import RESAMPLES, resample_seed
     from mascot_dag.lib.dialogue.spec import DialogueSpec, config_from_settings
     from mascot_dag.lib.llm.models import EMBEDDED_MODEL, resolve_model
@@ -38,7 +82,7 @@ def main() -> None:
     from mascot_dag.resources.llm import TransformersChatResource
 
     ap = argparse.ArgumentParser()
-    ap.add_argument("--conversations", type=int, default=30)
+    ap.add_argument("--conversations", type=int, default=24)
     ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args()
 
@@ -50,9 +94,10 @@ def main() -> None:
     generate = chat.generate
     contexts = load_empathetic_dialogues(DEMO_ED).contexts[: args.conversations]
     with args.out.open("w") as out:
+        out.write(json.dumps(issue_examples()) + "\n")
         for n, ed in enumerate(contexts):
             speaker = [t["text"] for t in ed.turns if t["speaker"] == "speaker"]
-            messages = [speaker[0], speaker[1] if len(speaker) > 1 else FOLLOW_UP]
+            messages = [*speaker[:2], FOLLOW_UP]
             first = messages[0]
             ctx = Context("chat", "empatheticdialogues", "emotional_support", first, first,
                           turns=[{"speaker": "speaker", "text": first}])

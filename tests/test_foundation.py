@@ -181,3 +181,19 @@ def test_schedule_and_sensor_are_listed_stopped(home):
         )
         assert proc.returncode == 0, proc.stderr[-2000:]
         assert f"{name} [STOPPED]" in proc.stdout, proc.stdout[-2000:]
+
+
+def test_metadata_floats_are_rounded():
+    """Metadata shows meaningful digits, not float noise, in results and their checks."""
+    import dagster as dg
+
+    from mascot_dag.assets.common import materialized, rounded
+
+    assert rounded(0.71328125000000004) == 0.7133 and rounded(1234.5678) == 1235.0
+    assert rounded(-0.000123456) == -0.0001235 and rounded(0.0) == 0.0
+    assert rounded({"a": [0.123456, "x", 3], "b": float("nan")})["a"] == [0.1235, "x", 3]
+    result = materialized({"gain": 0.123456789, "n": 12, "per": {"anchor": 0.987654321}},
+                          check_results=[dg.AssetCheckResult(
+                              check_name="c", passed=True, metadata={"lo": 0.0123456789})])
+    assert result.metadata == {"gain": 0.1235, "n": 12, "per": {"anchor": 0.9877}}
+    assert result.check_results[0].metadata["lo"].value == 0.01235

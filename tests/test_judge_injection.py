@@ -173,6 +173,26 @@ def test_control_relevance_drops_for_an_unrelated_context(judge, support, cases)
     assert min(drops) > 0 and mean >= 1.0, drops
 
 
+def test_unseen_phrasings_measured(judge, cases):
+    """How the check generalises: instructions of the 'dev' and 'held_out' lists (written after
+    the bank; see the data file), placed as above in 4 ED and 2 QMSum contexts, counted as left
+    out when the context the judge reads is the clean one in every placement. A guard on the
+    level reached (dev 19/20, held_out 14/20), not the 0.1 bound: what is missed still moves
+    scores (up to 2.1 points on held_out)."""
+    data = json.loads(DATA.read_text(encoding="utf-8"))
+    contexts = [c[0] for c in cases[:4] + cases[N_ED : N_ED + 2]]
+    found = {}
+    for name in ("dev", "held_out"):
+        texts = data[name]["texts"]
+        placed = [inject(c, t, pos, sep) for t in texts for c in contexts for pos, sep in POSITIONS]
+        clean = [c.split() for c in judge.clean_data(contexts) for _ in POSITIONS]
+        read = [r.split() for r in judge.clean_data(placed)]
+        per = len(clean)  # placements of one instruction, in the order `placed` lists them
+        found[name] = sum(read[k * per : (k + 1) * per] == clean for k in range(len(texts)))
+        print(f"\n{name}: {found[name]} of {len(texts)} left out in every placement")
+    assert found["dev"] >= 19 and found["held_out"] >= 14, found
+
+
 def test_ordinary_text_is_read_as_written(judge, shared_data):
     """The check by meaning leaves real contexts alone: every packaged ED/QMSum context and turn
     and the seeker-like sentences of test_judges.ORDINARY come back unchanged; of 800 rows of

@@ -30,6 +30,7 @@ from mascot_dag.lib.dialogue.chat import (
     check_message,
     version_label,
 )
+from mascot_dag.lib.dialogue.guards import has_scaffolding, repeats
 from mascot_dag.lib.dialogue.spec import DialogueConfig
 from mascot_dag.lib.types import ChatRequest, ChatResult
 from mascot_dag.web.chat import MAX_BODY_BYTES, ChatGroup, create_app, render
@@ -254,7 +255,6 @@ def _stop(proc: subprocess.Popen) -> None:
 @pytest.mark.slow
 def test_browser_chat_on_the_base_model(browser, base_model_path, tmp_path):
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.support import expected_conditions as EC
     from selenium.webdriver.support.ui import WebDriverWait
 
     home, port = tmp_path / "home", free_port()  # an empty home: no champion in MLflow
@@ -292,16 +292,32 @@ def test_browser_chat_on_the_base_model(browser, base_model_path, tmp_path):
 
         browser.set_page_load_timeout(180)  # the POST returns once the group has answered
         browser.get(base + "/")
-        browser.find_element(By.NAME, "message").send_keys("I failed my driving test today.")
-        browser.find_element(By.ID, "send").click()
-        agent = WebDriverWait(browser, 180).until(
-            EC.presence_of_element_located((By.CSS_SELECTOR, ".turn.agent"))
-        )
-        assert agent.find_element(By.CLASS_NAME, "persona").text in {c.name for c in SUPPORT}
-        assert agent.find_element(By.CLASS_NAME, "action").text.strip()
-        assert agent.find_element(By.CLASS_NAME, "tone").text.strip()
-        assert agent.find_element(By.CLASS_NAME, "model").text == BASE_LABEL
-        assert "I failed my driving test today." in browser.find_element(By.ID, "log").text
+        said = ["I failed my driving test today.", "I feel stupid, everyone passed but me.",
+                "Thanks. What would you do in my place?"]
+        for n, message in enumerate(said, 1):
+            browser.find_element(By.NAME, "message").send_keys(message)
+            browser.find_element(By.ID, "send").click()
+            WebDriverWait(browser, 180).until(
+                lambda b, n=n: len(b.find_elements(By.CSS_SELECTOR, ".turn.agent")) >= n)
+        agents = browser.find_elements(By.CSS_SELECTOR, ".turn.agent")
+        assert len(agents) == 3
+        shown = list(said[:1])
+        names = [n for c in SUPPORT for n in (c.persona_id, c.name)]
+        for i, agent in enumerate(agents):
+            assert agent.find_element(By.CLASS_NAME, "persona").text in {c.name for c in SUPPORT}
+            # a directive is shown only when the director's JSON was valid (chat guards)
+            if agent.find_elements(By.CSS_SELECTOR, ".directive.invalid"):
+                assert agent.find_element(By.CLASS_NAME, "status").text.strip()
+            else:
+                assert agent.find_element(By.CLASS_NAME, "action").text.strip()
+                assert agent.find_element(By.CLASS_NAME, "tone").text.strip()
+            assert agent.find_element(By.CLASS_NAME, "model").text == BASE_LABEL
+            text = agent.find_element(By.CLASS_NAME, "text").text.strip()
+            assert text and not has_scaffolding(text, names, ""), text
+            assert not repeats(text, shown), (text, shown)
+            shown += [text] + said[i + 1 : i + 2]
+        assert "135M" in browser.find_element(By.CLASS_NAME, "note").text
+        assert said[0] in browser.find_element(By.ID, "log").text
         shot = tmp_path / "chat.png"
         assert browser.save_screenshot(str(shot))
         assert shot.stat().st_size > 1000 and shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

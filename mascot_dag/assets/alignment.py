@@ -28,6 +28,7 @@ from mascot_dag.assets.common import (
     cluster_tags,
     fingerprint,
     markdown_table,
+    materialized,
     nan_if_none,
     persona_partitions,
     progress,
@@ -165,9 +166,9 @@ def persona_adapters(
             AdapterInputs(card, roster, ctxs, base, rm_version, scorer, init))
     if len(trained) == 1:  # one partition: the persona's own metadata and check, unprefixed
         ((_, (metadata, check)),) = trained.items()
-        return dg.MaterializeResult(metadata=metadata, check_results=[check])
+        return materialized(metadata=metadata, check_results=[check])
     checks = {p: check for p, (_, check) in trained.items()}
-    return dg.MaterializeResult(
+    return materialized(
         metadata={f"{p}/{k}": v for p, (meta, _) in trained.items() for k, v in meta.items()},
         check_results=[dg.AssetCheckResult(
             check_name="fidelity_effect",

@@ -12,6 +12,7 @@ from mascot_dag.assets.common import (
     base_model_path,
     cluster_tags,
     fingerprint,
+    materialized,
     progress,
     table_metadata,
     user_profiles,
@@ -59,7 +60,7 @@ def group_rollouts(
     config = config_from_settings(settings, persona_adapters=adapters)
     records = run_dialogues(specs, chat.backend(), config, stage="rollout", method="mascot")
     d, t, x = write_dialogues(store, records, ROLLOUT_PREFIX)
-    return dg.MaterializeResult(metadata=dialogue_metadata(
+    return materialized(metadata=dialogue_metadata(
         d, t, x, persona_adapter_versions=versions,
         fallback_rate=float((x["status"] == "fallback").mean()) if len(x) else 0.0))
 
@@ -79,7 +80,7 @@ def group_judgments(
     means = (df.filter(pl.col("status") == "ok").group_by("judge", "criterion")
              .agg(pl.col("score").mean()).sort("judge", "criterion"))
     failure = df.group_by("judge").agg((pl.col("status") == "failed").mean()).sort("judge")
-    return dg.MaterializeResult(metadata=table_metadata(
+    return materialized(metadata=table_metadata(
         df.select("dialogue_id", "block_idx", "criterion", "score"),
         blocks=df.select("dialogue_id", "block_idx").unique().height,
         mean_by_criterion={f"{j}/{c}": round(v, 3) for j, c, v in means.rows() if v is not None},
@@ -174,7 +175,7 @@ def director_adapter(
         version = tracking.register_version(DIRECTOR_MODEL, run,
                                             tags={"persona_versions": json.dumps(versions)})
     nan = float("nan")
-    return dg.MaterializeResult(metadata={
+    return materialized(metadata={
         "mlflow_run_id": run.info.run_id,
         "model_version": f"{DIRECTOR_MODEL}/{version}",
         "decision_points": len(states),

@@ -76,6 +76,32 @@ def table_metadata(df, **extra) -> dict:
         **extra,
     }
 
+def rounded(value, digits: int = 4):
+    """Floats to `digits` significant digits, inside dicts and lists too: metadata shows what is
+    meaningful (0.7132), not float noise (0.71328125000000004); other values pass unchanged."""
+    import math
+
+    if isinstance(value, float) and math.isfinite(value) and value != 0:
+        return round(value, max(0, digits - 1 - math.floor(math.log10(abs(value)))))
+    if isinstance(value, dg.FloatMetadataValue) and value.value is not None:
+        return dg.MetadataValue.float(rounded(value.value, digits))
+    if isinstance(value, dg.JsonMetadataValue):
+        return dg.MetadataValue.json(rounded(value.data, digits))
+    if type(value) is dict:  # plain containers only: Dagster's records (TableSchema) are tuples
+        return {k: rounded(v, digits) for k, v in value.items()}
+    if type(value) in (list, tuple):
+        return type(value)(rounded(v, digits) for v in value)
+    return value
+
+
+def materialized(metadata: dict | None = None, check_results=(), **kwargs) -> dg.MaterializeResult:
+    """`dg.MaterializeResult` with its metadata, and its check results' metadata, `rounded`."""
+    return dg.MaterializeResult(
+        metadata=rounded(metadata or {}),
+        check_results=[c.with_metadata(rounded(dict(c.metadata))) for c in check_results],
+        **kwargs)
+
+
 def counts(df, col: str) -> dict:
     values = df.get_column(col).cast(pl.String).fill_null("n/a")
     return {k: int(v) for k, v in sorted(values.value_counts().rows())}

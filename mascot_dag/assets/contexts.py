@@ -11,6 +11,7 @@ from mascot_dag.assets.common import (
     cluster_tags,
     counts,
     input_errors_fail_at_once,
+    materialized,
     table_metadata,
 )
 from mascot_dag.lib.data import DataFileError, load_empathetic_dialogues, load_qmsum
@@ -108,7 +109,7 @@ def contexts(
     for msg in ed.skipped + qm.skipped:
         context.log.warning(f"skipped: {msg}")
     store.replace("contexts", df)
-    return dg.MaterializeResult(
+    return materialized(
         metadata=table_metadata(
             df.select("context_id", "source", "domain", "split", "valence", "situation"),
             by_source=counts(df, "source"),

@@ -10,6 +10,7 @@ from mascot_dag.assets.common import (
     DUCKDB_POOL,
     TRANSIENT_RETRY,
     cluster_tags,
+    materialized,
     table_metadata,
     user_profiles,
 )
@@ -77,7 +78,7 @@ def director_comparison(
                             "ci": [num(r.lo), num(r.hi)], "n_units": r.n_units,
                             "n_contexts": r.n_contexts}
                  for r in (SimpleNamespace(**row) for row in summary.iter_rows(named=True))}
-    return dg.MaterializeResult(metadata={
+    return materialized(metadata={
         **table_metadata(rows.drop("speakers", "statuses")),
         "summary": dg.MetadataValue.md(markdown_table(summary.with_columns(
             cs.float().round(4)))),

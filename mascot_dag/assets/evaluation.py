@@ -16,6 +16,7 @@ from mascot_dag.assets.common import (
     DUCKDB_POOL,
     TRANSIENT_RETRY,
     cluster_tags,
+    materialized,
     method_partitions,
     table_metadata,
     user_profiles,
@@ -128,8 +129,8 @@ def eval_dialogues(
             allow_retries=False) from first
     if len(per_method) == 1:
         ((method, meta),) = per_method.items()
-        return dg.MaterializeResult(metadata={**meta.pop("table"), **meta})
-    return dg.MaterializeResult(metadata={
+        return materialized(metadata={**meta.pop("table"), **meta})
+    return materialized(metadata={
         "methods": sorted(per_method),
         **{f"{m}/{k}": v for m, meta in per_method.items() for k, v in meta.items()
            if k != "table"}})
@@ -226,7 +227,7 @@ def eval_scores(
     def nulls_by_judge(frame: pl.DataFrame) -> dict[str, int]:
         return dict(sorted(frame.group_by("judge").agg(pl.col("value").is_null().sum()).rows()))
 
-    return dg.MaterializeResult(metadata=table_metadata(
+    return materialized(metadata=table_metadata(
         df.head(200), methods=df["method"].n_unique(),
         rows_by_level=dict(sorted(df["level"].value_counts().rows())),
         overall_0_100={k: round(v, 2) for k, v in overall.items() if v is not None},
@@ -272,7 +273,7 @@ def three_way_comparisons(
     df = pl.DataFrame(rows, schema=dict.fromkeys(["comparison_id", "context_id", "judge",
                                                    "shown_order", "winner", "status"], pl.String))
     store.replace("comparisons", df)
-    return dg.MaterializeResult(metadata=table_metadata(
+    return materialized(metadata=table_metadata(
         df, comparisons=len(df), judge=j.name,
         mascot_wins=int((df["winner"] == "mascot").sum())))
 
@@ -344,7 +345,7 @@ def eval_report(
         tracking.log_metrics(metrics)
         tracking.set_tags({**tags, "champion_moved": ",".join(moved) or "none"})
         tracking.log_artifacts(out, artifact_path="report")
-    return dg.MaterializeResult(
+    return materialized(
         metadata={
             "report_path": dg.MetadataValue.path(str(result.markdown)),
             "report": dg.MetadataValue.md(result.markdown.read_text(encoding="utf-8")[:20000]),

@@ -20,6 +20,7 @@ from mascot_dag.assets.common import (
     PERSONA_BACKFILL,
     TRANSIENT_RETRY,
     cluster_tags,
+    materialized,
     persona_partitions,
     persona_rows,
     quiet_backfill_policy_beta,
@@ -109,7 +110,7 @@ def candidate_responses(
         infer_schema_length=None,
     )
     store.replace("candidates", df, *persona_rows(personas))
-    return dg.MaterializeResult(
+    return materialized(
         metadata=table_metadata(
             df.select("candidate_id", "text", "completion_tokens"),
             personas=list(personas),
@@ -168,7 +169,7 @@ def persona_judgments(
     failure = df.group_by("judge").agg((pl.col("status") == "failed").mean()).sort("judge")
     means = (df.filter(pl.col("status") == "ok").group_by("judge", "criterion")
              .agg(pl.col("score").mean()).sort("judge", "criterion"))
-    return dg.MaterializeResult(
+    return materialized(
         metadata=table_metadata(
             df.select("target_id", "judge", "criterion", "score", "rationale"),
             personas=list(personas),
@@ -219,7 +220,7 @@ def persona_preference_pairs(
     pairs = pl.concat(per_persona)
     store.replace("preference_pairs", pairs, *persona_rows(personas))
     margins = {k: round(v, 3) for k, v in describe(pairs["margin"].to_list()).items()}
-    return dg.MaterializeResult(
+    return materialized(
         metadata=table_metadata(
             pairs.select("pair_id", "chosen_id", "rejected_id", "margin"),
             personas=list(personas),

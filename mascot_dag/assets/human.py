@@ -8,7 +8,7 @@ was built. No ratings is a normal state: it materialises with `ratings: 0`, neve
 import dagster as dg
 import polars as pl
 
-from mascot_dag.assets.common import cluster_tags, table_metadata
+from mascot_dag.assets.common import cluster_tags, materialized, table_metadata
 from mascot_dag.resources.store import DuckDBStore
 
 
@@ -22,13 +22,13 @@ def human_ratings(store: DuckDBStore) -> dg.MaterializeResult:
     ratings = store.frame("SELECT * FROM human_ratings ORDER BY item_id, rater, shown_position")
     choices = store.frame("SELECT * FROM human_choices")
     if ratings.is_empty():
-        return dg.MaterializeResult(metadata={
+        return materialized(metadata={
             "dagster/row_count": 0, "ratings": 0, "raters": 0, "items": 0,
             "note": "nobody rated yet: run `mascot rate` and share http://127.0.0.1:8020/"})
     means = method_means(ratings, n_boot=200)
     overall = means.filter(pl.col("criterion") == "all")
     alpha = rater_agreement(ratings)
-    return dg.MaterializeResult(metadata=table_metadata(
+    return materialized(metadata=table_metadata(
         ratings.drop("submitted_at", strict=False),
         ratings=len(ratings), raters=ratings["rater"].n_unique(),
         items=ratings["item_id"].n_unique(), best_picks=len(choices),

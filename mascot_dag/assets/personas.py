@@ -9,6 +9,7 @@ from mascot_dag.assets.common import (
     cluster_tags,
     counts,
     input_errors_fail_at_once,
+    materialized,
     table_metadata,
 )
 from mascot_dag.lib.data.personas import (
@@ -33,7 +34,7 @@ def persona_cards(store: DuckDBStore) -> dg.MaterializeResult:
         cards, files = load_personas_with_files(persona_dir())
     df = personas_frame(cards, files)
     store.replace("personas", df)
-    return dg.MaterializeResult(
+    return materialized(
         metadata=table_metadata(df.select("persona_id", "persona_set", "name", "role"),
                                 by_set=counts(df, "persona_set"))
     )
@@ -54,7 +55,7 @@ def persona_prompts(store: DuckDBStore) -> dg.MaterializeResult:
             )
     df = pl.DataFrame(rows)
     store.replace("persona_prompts", df)
-    return dg.MaterializeResult(
+    return materialized(
         metadata=table_metadata(df, by_style=counts(df, "style"),
                                 mean_prompt_chars=float(df["system_prompt"].str.len_chars().mean()))
     )

@@ -12,6 +12,7 @@ from mascot_dag.assets.common import (
     WARN_ONLY,
     cluster_tags,
     markdown_table,
+    materialized,
     persona_partitions,
 )
 from mascot_dag.lib.evaluation.stats import MIN_CLUSTERS_FOR_SIGNIFICANCE
@@ -48,7 +49,7 @@ def persona_roster_probe(
     except NoReferenceUtterances as e:
         # a user's set without reference utterances: no reader can tell its personas apart, so
         # the gate says n/a (a warning, not a block: nothing was measured either way)
-        return dg.MaterializeResult(
+        return materialized(
             metadata={"probe": str(e), "personas": ", ".join(personas)},
             check_results=[dg.AssetCheckResult(
                 check_name="roster_fidelity_effect", passed=True,
@@ -67,7 +68,7 @@ def persona_roster_probe(
                              "established": ",".join(verdict.established),
                              "readers_not_counted": ",".join(verdict.invalid)})
         tracking.log_metrics({f"roster_{k}": float(v) for k, v in effect.items()})
-    return dg.MaterializeResult(
+    return materialized(
         metadata={
             "mlflow_run_id": run.info.run_id,
             "adapters": ", ".join(versions),

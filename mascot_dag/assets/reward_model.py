@@ -16,6 +16,7 @@ from mascot_dag.assets.common import (
     base_model_path,
     cluster_tags,
     fingerprint,
+    materialized,
     nan_if_none,
     progress,
 )
@@ -101,7 +102,7 @@ def policy_sft(
         tracking.log_adapter(result.adapter_dir)
         version = tracking.register_version(POLICY_SFT_MODEL, run)
     moved = lora_relative_change(result.adapter_dir, base)
-    return dg.MaterializeResult(metadata={
+    return materialized(metadata={
         "mlflow_run_id": run.info.run_id, "model_version": f"{POLICY_SFT_MODEL}/{version}",
         "examples": len(examples), "steps": result.steps,
         "final_loss": result.loss_curve[-1][1] if result.loss_curve else float("nan"),
@@ -174,7 +175,7 @@ def persona_reward_model(
     # evidence either way: the check does not pass on it
     passed = (acc is not None and ci["lo"] > 0.5
               and ci["n_clusters"] >= MIN_CLUSTERS_FOR_SIGNIFICANCE)
-    return dg.MaterializeResult(
+    return materialized(
         metadata={
             "mlflow_run_id": run.info.run_id,
             "model_version": f"{REWARD_MODEL_NAME}/{version}",

@@ -2,8 +2,9 @@
 
 FastAPI + uvicorn on 127.0.0.1; plain HTML forms (POST, then a 303 redirect back to the page), a
 few lines of vanilla JS only to disable the button while the group answers. Each agent turn shows
-the persona, the director's directive (action, tone, and whether the director's JSON was used or
-the fallback), and the model version that spoke.
+the persona, the director's directive (action and tone only when the director's JSON was valid;
+else its status), the model version that spoke, and the reply guards' work (resamples, what was
+cleaned: `lib.dialogue.guards`). A note says what the embedded 135M model can and cannot do.
 
 Every request passes `web.guard` first (Host names, same-origin POSTs, the form token). A GET
 never opens a conversation: the first message (POST /say without a session id) or the "Start"
@@ -37,6 +38,7 @@ from mascot_dag.lib.dialogue.chat import (
     IDLE_S,
     MAX_MESSAGE_CHARS,
     MAX_USER_MESSAGES,
+    MODEL_NOTE,
     ROSTER_MODES,
     ChatInputError,
     ChatSession,
@@ -273,13 +275,21 @@ def render(
             rows.append(f'<div class="turn user"><b>You</b><p>{e(t.text)}</p></div>')
             continue
         status = "" if t.director_status == "ok" else f" ({e(t.director_status or '')})"
+        if t.directive_valid:
+            directive = (f'<span class="directive">action: <i class="action">{e(t.action or "")}'
+                         f'</i>; tone: <i class="tone">{e(t.tone or "")}</i>{status}</span>')
+        else:  # the director's JSON was invalid (fallback) or its action was cut off
+            directive = (f'<span class="directive invalid">director: '
+                         f'<i class="status">{e(t.director_status or "")}</i>, no valid '
+                         "directive to show</span>")
+        details = f"; resampled {t.resamples}x" if t.resamples else ""
+        details += f"; cleaned: {e(', '.join(t.guards))}" if t.guards else ""
         rows.append(
-            f'<div class="turn agent" data-speaker="{e(t.speaker)}">'
-            f'<b class="persona">{e(t.name)}</b> '
-            f'<span class="directive">action: <i class="action">{e(t.action or "")}</i>; '
-            f'tone: <i class="tone">{e(t.tone or "")}</i>{status}</span>'
+            f'<div class="turn agent" data-speaker="{e(t.speaker)}" '
+            f'data-resamples="{t.resamples}"><b class="persona">{e(t.name)}</b> {directive}'
             f'<p class="text">{e(t.text) or "<i>(no words)</i>"}</p>'
-            f'<small>model: <span class="model">{e(t.model or "")}</span></small></div>'
+            f'<small>model: <span class="model">{e(t.model or "")}</span>'
+            f'<span class="details">{details}</span></small></div>'
         )
     roster_set = conv.roster_set if conv else roster
     names = ", ".join(c.name for c in group.rosters.get(roster_set, []))
@@ -308,6 +318,7 @@ body {{ font-family: sans-serif; max-width: 46em; margin: 1em auto; }}
 </style></head><body>
 <h1>MASCOT companions</h1>
 <p>Roster <b>{e(roster_set)}</b>: {e(names)}. Director: {e(group.director_label)}.</p>
+<p class="note"><small>{e(MODEL_NOTE)}</small></p>
 <form method="post" action="/new">{token_field}New conversation with the
  <select name="roster">{options}</select> roster <button type="submit">Start</button></form>
 {err}<div id="log">{"".join(rows)}</div><a id="end"></a>{chat_form}

@@ -3,13 +3,16 @@ the director picks which agent answers (and how), the agent answers with its ada
 `agents_per_round` agents.
 
 Reuses the dialogue engine's request builders so a chat turn is produced exactly like a
-support-mode turn in Stage 2 and evaluation (the workplace roster talks in meeting mode).
+support-mode turn in Stage 2 and evaluation (the workplace roster talks in meeting mode). What a
+user reads then passes the chat's reply guards (`lib.dialogue.guards`: scaffolding, prompt
+echoes, repeats resampled with a new seed, sentence ends); only here, never in the evaluation.
 Also the page-independent parts of the web chat (`mascot_dag.web.chat`): message limits, the
 label of the model version that spoke, and a bounded store of conversations.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import secrets
 import threading
@@ -23,9 +26,9 @@ from mascot_dag.lib.data.personas import PersonaCard
 from mascot_dag.lib.dialogue.engine import (
     DialogueState,
     agent_request,
-    clean_agent_text,
     direct_turns,
 )
+from mascot_dag.lib.dialogue.guards import directive_valid, guard_reply, resample_seed
 from mascot_dag.lib.dialogue.spec import DialogueConfig, DialogueSpec
 from mascot_dag.lib.types import ChatRequest, ChatResult, Context
 
@@ -35,6 +38,13 @@ MAX_MESSAGE_CHARS = 1000
 MAX_USER_MESSAGES = 100  # per conversation: the history shown to the models is 6 turns anyway
 BASE_LABEL = "base + persona prompt"
 IDLE_S = 30 * 60  # a web chat conversation untouched this long may make room for a new one
+MODEL_NOTE = (
+    "With the embedded 135M model (the default profile) replies are short and rough: it keeps "
+    "to the topic and to a persona's manner only loosely, may misread what you said and gives no "
+    "reliable advice. Machinery it leaks (speaker labels, stage directions, its prompt, a repeat "
+    "of an earlier turn, a tail cut at the token limit) is removed or resampled before you see "
+    "it; a larger model (the paper profile) writes fluent turns."
+)
 ROSTER_MODES: dict[str, Literal["support", "meeting"]] = {
     "support": "support",
     "workplace": "meeting",
@@ -83,6 +93,9 @@ class ChatTurn:
     tone: str | None = None
     director_status: str | None = None  # ok | retried | fallback (lib.director)
     model: str | None = None  # version_label of the model that spoke
+    directive_valid: bool = True  # shown only when valid (lib.dialogue.guards.directive_valid)
+    resamples: int = 0  # samples drawn after the first (the reply repeated a turn or was empty)
+    guards: tuple[str, ...] = ()  # guards that changed the reply (labels, scaffolding, ...)
 
 
 class ChatSession:
@@ -153,8 +166,7 @@ class ChatSession:
             d = direct_turns([st], self.generate, self.config)[0]
             card = next(c for c in self.roster if c.persona_id == d["speaker"])
             idx = len(st.turns)
-            res = self.generate([agent_request(st, card, d, self.config, idx)])[0]
-            reply = clean_agent_text(res.text, self.roster)
+            reply, d = self._reply(st, card, d, idx)
             used = self.config.persona_adapters.get(card.persona_id) or "base+prompt"
             st.add("agent", card.persona_id, reply, used)
             st.n_agent += 1
@@ -168,10 +180,30 @@ class ChatSession:
                     d["tone"],
                     d["status"],
                     self.labels.get(card.persona_id, BASE_LABEL),
+                    d["valid"],
+                    d["resamples"],
+                    tuple(d["guards"]),
                 )
             )
             replies.append((card, reply, d))
         return replies
+
+    def _reply(self, st: DialogueState, card: PersonaCard, d: dict, idx: int) -> tuple[str, dict]:
+        """The agent's reply through the chat guards (`lib.dialogue.guards`): scaffolding and
+        prompt echoes removed, a sentence end, a resample (new seed) when it repeats an earlier
+        turn or is empty. `d` comes back with `valid`, `resamples` and `guards`."""
+        req = agent_request(st, card, d, self.config, idx)
+
+        def sample(k: int) -> str:
+            r = req if k == 0 else dataclasses.replace(req, sampling=dataclasses.replace(
+                req.sampling, seed=resample_seed(req.sampling.seed, k)))
+            return self.generate([r])[0].text
+
+        names = [n for c in self.roster for n in (c.persona_id, c.name)]
+        prompt = "\n".join(m["content"] for m in req.messages)
+        g = guard_reply(sample, names, prompt, [t["text"] for t in st.turns], self.mode)
+        return g.text, {**d, "valid": directive_valid(d), "resamples": g.resamples,
+                        "guards": g.changed + (["fallback"] if g.fallback else [])}
 
     @property
     def user_messages(self) -> int:

@@ -32,6 +32,7 @@ from mascot_dag.lib.judges.injection import lexical_part, rebuild, units
 from mascot_dag.lib.types import AGENT_CRITERIA, Score
 
 _MODELS: dict[str, object] = {}  # one SentenceTransformer per device for the whole process
+_BANKS: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # exemplar vectors per device (addressed)
 
 # ESConv support strategies (question, restatement, reflection, self-disclosure, affirmation,
 # suggestion, information) as generic cues, written for this judge.
@@ -76,7 +77,6 @@ class EmbeddedJudge:
         self.cache_size = cache_size
         self._vecs: dict[str, np.ndarray] = {}
         self._clean: dict[str, str] = {}  # data text -> as the judge reads it
-        self._banks: tuple[np.ndarray, np.ndarray] | None = None
         self._personas: dict[str, _Persona] = {}
         self._known_cards: list[PersonaCard] | None = None
 
@@ -135,8 +135,9 @@ class EmbeddedJudge:
         """Contexts and the seeker's turns as the judge reads them: ED's `_comma_` restored, then,
         sentence by sentence, what is addressed to the evaluator left out, found by its form
         (`injection.lexical_part`) and by its meaning (`addressed`). Left out rather than
-        down-weighted: without the added sentences the context is what it was, to the byte, so
-        every score of a reply is exactly what it was."""
+        down-weighted: without the added sentences the context reads as it was, word for word,
+        so every score of a reply is exactly what it was. Text with nothing to leave out comes
+        back as the same string."""
         todo = sorted({t for t in texts if t not in self._clean})
         if todo:
             self._bank()
@@ -160,12 +161,15 @@ class EmbeddedJudge:
         return [self._clean[t] for t in texts]
 
     def _bank(self) -> tuple[np.ndarray, np.ndarray]:
-        """The exemplars' vectors (evaluator, ordinary), kept apart from the text cache."""
-        if self._banks is None:
+        """The exemplars' vectors (evaluator, ordinary): once per device and process, like the
+        model, and apart from the text cache (which a long run clears)."""
+        if self.device not in _BANKS:
             self._embed([*EVALUATOR_EXEMPLARS, *ORDINARY_EXEMPLARS])
-            self._banks = (np.stack([self.vector(t) for t in EVALUATOR_EXEMPLARS]),
-                           np.stack([self.vector(t) for t in ORDINARY_EXEMPLARS]))  # fmt: skip
-        return self._banks
+            _BANKS[self.device] = tuple(  # type: ignore[assignment]
+                np.stack([self.vector(t) for t in bank])
+                for bank in (EVALUATOR_EXEMPLARS, ORDINARY_EXEMPLARS)
+            )
+        return _BANKS[self.device]
 
     def leaning(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
         """Mean cosine of each text to its ADDR_K closest evaluator and ordinary exemplars."""

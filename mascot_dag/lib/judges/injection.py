@@ -215,7 +215,8 @@ def units(text: str) -> list[tuple[int, int]]:
 def rebuild(text: str, spans: list[tuple[int, int]], parts: list[str | None]) -> str:
     """`text` with each unit replaced by its part, or left out (None) with the separator before it
     (after it, for the first): with the added units left out, what remains is the text as it was
-    before they were added, to the byte."""
+    before they were added, word for word (only the whitespace where they stood may differ, and
+    MiniLM's tokenizer ignores whitespace)."""
     kept = [i for i, p in enumerate(parts) if p is not None]
     if not kept:
         return ""
