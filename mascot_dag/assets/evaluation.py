@@ -6,6 +6,7 @@ import dataclasses
 import json
 import math
 import random
+import re
 import time
 import warnings
 
@@ -348,8 +349,11 @@ def eval_report(
     return materialized(
         metadata={
             "report_path": dg.MetadataValue.path(str(result.markdown)),
-            "report": dg.MetadataValue.md(result.markdown.read_text(encoding="utf-8")[:20000]),
-            "plots": [str(p) for p in result.plots],
+            # the UI cannot load the report's relative image links: each plot is its own entry
+            "report": dg.MetadataValue.md(re.sub(
+                r"!\[([^\]]*)\]\(([^)]+)\)", r"*(plot \1: the metadata entry plot/\2)*",
+                result.markdown.read_text(encoding="utf-8"))[:20000]),
+            **{f"plot/{p.name}": dg.MetadataValue.path(str(p)) for p in result.plots},
             "headline_overall_0_100": {k: round(v, 2) for k, v in result.headline.items()
                                        if v is not None},
             "mlflow_run_id": run.info.run_id,
