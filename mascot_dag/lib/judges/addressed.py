@@ -18,10 +18,18 @@ Rule (cosines are means over the ADDR_K closest exemplars of a bank):
   only markup lines (headings, quotes, list items) do, never a seeker's or a speaker's line;
 - a sentence enclosed on its line by two flagged ones is flagged.
 
-Calibrated on real text (tests/test_judge_injection.py): ADDR_HI 0.42 flags none of the packaged
-ED/QMSum sentences; on ~21k sentences of the shared EmpatheticDialogues files it flags ~0.04%
-(mostly about grades, reviews and "responses" in the seeker's life), and such a sentence is only
-left out of the context the judge reads, nothing else.
+Why leave sentences out rather than score against a robust aggregate: measured on the test's 32
+instructions, relevance as the max cosine over context sentences (instead of the whole context's
+embedding) still moved by up to 0.97 points without this check, always upwards (the direction an
+attacker wants), and one reply scored higher against an unrelated context than against its own;
+with this check the whole-context embedding moves nothing and keeps its calibration.
+
+Calibrated on real text (tests/test_judge_injection.py): none of the packaged ED/QMSum contexts
+and turns loses a sentence; of the 28,201 texts of the shared EmpatheticDialogues files (every
+utterance; each conversation's situation with its opening) 11 do (0.04%: a bare "5", "These
+references are perfect.", "I hope you keep getting good reviews like that."), and such a sentence
+is only left out of the context the judge reads. On instructions phrased unlike the exemplars it
+finds most, not all (tests/data/evaluator_instructions.json: "held_out").
 """
 
 from __future__ import annotations
@@ -31,6 +39,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+# ADDR_HI: the lowest level at which no packaged sentence is flagged (0.40 flagged a QMSum line)
 ADDR_K, ADDR_HI, ADDR_MARGIN, ADDR_LO = 3, 0.42, 0.10, 0.30
 _MARKUP = re.compile(r"\s*[>#*|`{\[<-]")
 _BARE = re.compile(r"\s*(?:```\w*|[\W_]*)\s*$")  # no words, or a code fence with its language
