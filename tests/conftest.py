@@ -148,3 +148,24 @@ def q(home: Path, sql: str) -> list[tuple]:
         return con.execute(sql).fetchall()
     finally:
         con.close()
+
+
+@contextlib.contextmanager
+def rate_page(home: Path, **env: str):
+    """`mascot rate` serving `home` on a free loopback port (extra environment in `env`):
+    yields (base URL, port); stopped by its own process group, never by name."""
+    import subprocess
+    import sys
+
+    port = free_port()
+    log = home / "server.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "mascot_dag.cli", "rate", "--port",
+                                 str(port)], env={**os.environ, "MASCOT_HOME": str(home), **env},
+                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(f"{base}/healthz", proc, 60, "mascot rate", log.read_text)
+        yield base, port
+    finally:
+        stop_group(proc)

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 import pytest
-from conftest import free_port, stop_group, wait_healthy
+from conftest import rate_page
 
 from mascot_dag.lib.evaluation import human as H
 from mascot_dag.lib.evaluation.human_stats import (
@@ -278,19 +278,8 @@ def test_report_and_asset_with_and_without_ratings(home, tmp_path):
 def server(tmp_path_factory):
     home = tmp_path_factory.mktemp("rate_home")
     _write_db(home / "mascot.duckdb")
-    port = free_port()
-    log = home / "server.log"
-    env = {**os.environ, "MASCOT_HOME": str(home)}
-    with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "mascot_dag.cli", "rate", "--port",
-                                 str(port)], env=env, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        wait_healthy(f"{base}/healthz", proc, 60, "mascot rate", log.read_text)
+    with rate_page(home) as (base, _):
         yield base, home / "mascot.duckdb"
-    finally:  # stopped by its own process group (start_new_session), never by name
-        stop_group(proc)
 
 
 @functools.cache

@@ -18,7 +18,7 @@ import time
 
 import pytest
 import requests
-from conftest import free_port, stop_group, wait_healthy
+from conftest import free_port, rate_page, stop_group, wait_healthy
 from fastapi import FastAPI, Request, WebSocket
 from test_human_eval import ITEM, _form, _write_db
 from test_web_chat import ROSTERS, Scripted
@@ -51,19 +51,8 @@ def rate_server(tmp_path_factory):
     """`mascot rate` with one more host name configured through the environment."""
     home = tmp_path_factory.mktemp("rate_sec")
     _write_db(home / "mascot.duckdb")
-    port = free_port()
-    log = home / "server.log"
-    env = {**os.environ, "MASCOT_HOME": str(home), "MASCOT_ALLOWED_HOSTS": "node7.cluster"}
-    with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "mascot_dag.cli", "rate", "--port",
-                                 str(port)], env=env, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        wait_healthy(f"{base}/healthz", proc, 60, "mascot rate", log.read_text)
+    with rate_page(home, MASCOT_ALLOWED_HOSTS="node7.cluster") as (base, port):
         yield base, port, home / "mascot.duckdb"
-    finally:  # its own process group (start_new_session), never by name
-        stop_group(proc)
 
 
 def _rater_session(base: str, rater: str) -> tuple[requests.Session, str]:

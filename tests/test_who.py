@@ -10,16 +10,13 @@ from __future__ import annotations
 
 import html
 import math
-import os
 import re
-import subprocess
-import sys
 
 import numpy as np
 import polars as pl
 import pytest
 import requests
-from conftest import free_port, stop_group, wait_healthy
+from conftest import rate_page
 from test_human_eval import _write_db
 from test_probe import ROSTER, _plant
 
@@ -272,19 +269,8 @@ def server(tmp_path_factory):
     probe = _probe(PAGE_ROSTER, contexts=CONTEXTS, arms=("base", "adapter", "warm_start"))
     db.replace_many(path, [("personas", personas, None, None),
                            ("persona_probe", probe, None, None)])
-    port = free_port()
-    log = home / "server.log"
-    env = {**os.environ, "MASCOT_HOME": str(home)}
-    with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "mascot_dag.cli", "rate", "--port",
-                                 str(port)], env=env, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        wait_healthy(f"{base}/healthz", proc, 60, "mascot rate", log.read_text)
+    with rate_page(home) as (base, _):
         yield base, path, probe
-    finally:  # its own process group (start_new_session), never by name
-        stop_group(proc)
 
 
 def _field(page: str, name: str) -> str:
