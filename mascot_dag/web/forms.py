@@ -33,3 +33,14 @@ async def read_form(request: Request, max_bytes: int, max_fields: int | None = N
         raise FormError(400, "form body is not UTF-8 text") from exc
     except ValueError as exc:  # more fields than max_fields
         raise FormError(400, f"form could not be parsed: {exc}") from exc
+
+
+async def read_page_form(request: Request, max_bytes: int, max_fields: int | None,
+                         token_field: str) -> dict[str, list[str]]:
+    """A page's posted form: urlencoded only (415 otherwise), size-limited, without the form
+    token (the guard checked it; it is not one of the page's fields)."""
+    if "urlencoded" not in request.headers.get("content-type", ""):
+        raise FormError(415, "send the form as application/x-www-form-urlencoded")
+    form = await read_form(request, max_bytes, max_fields)
+    form.pop(token_field, None)
+    return form

