@@ -100,7 +100,7 @@ def registry_alias(label: str | None) -> str | None:
 def roster_of(name: str | None):
     """(cards, mode) of a persona set of the persona folder (None: the support roster); a
     ValueError naming the sets when there is no such set."""
-    from mascot_dag.lib.data.personas import load_personas, mode_sets, personas_of_set
+    from mascot_dag.lib.data.personas import load_personas, mode_sets, personas_of_set, set_mode
 
     cards = load_personas()
     roles = mode_sets(cards)
@@ -109,8 +109,7 @@ def roster_of(name: str | None):
     if not roster:
         sets = ", ".join(dict.fromkeys(c.persona_set for c in cards))
         raise ValueError(f"--roster {name!r}: no such persona set (sets: {sets})")
-    mode = "meeting" if name == roles["workplace"] and name != roles["support"] else "support"
-    return roster, mode
+    return roster, set_mode(cards, name)
 
 
 def terminal_chat(lines, echo, roster_name: str | None, models: str | None,

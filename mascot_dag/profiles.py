@@ -59,6 +59,10 @@ def settings_for(name: str):
             group_history_turns=1, novelty_reward_weight=0.5,
             rollout_dialogues=1, agent_turns=2, block_size=2, director_steps=1,
             director_compare_seeds=1, eval_contexts=1, gate_min_contexts=1,
+            # the probe in the training format only: the chat format doubles the probe's
+            # generation and embedding in every lineage the suite runs; it keeps its own test
+            # (tests/test_probe.py, the identity-adapter probe asks both formats)
+            probe_formats=["training"],
         )
     if name == "study":
         # Sized to SHOW the Stage 1 effect with power within ~1 h on 2 cores: 40 train contexts
@@ -73,6 +77,9 @@ def settings_for(name: str):
             max_train_contexts=40, k_candidates=4, policy_sft_steps=16, reward_steps=60,
             warm_start_steps=0, grpo_steps=20, probe_contexts=32, probe_seeds=2,
             reward_blocking=True, probe_blocking=True,
+            # every persona set aligned, the workplace set on meeting contexts, so meeting-mode
+            # MASCOT speaks with aligned adapters (docs/decisions/0070-every-roster-trained.md)
+            train_persona_sets=["all"],
             # group-aware Stage 1 (measured 2026-12-04,
             # docs/experiments/2026-12-04-group-aware-stage1.md):
             # support-mode persona gate +8.9* and collective engagement +21.5* over opening-only
@@ -105,12 +112,16 @@ def settings_for(name: str):
             grpo_steps=300, grpo_generations=8, grpo_completion_tokens=256,
             grpo_learning_rate=1e-5, grpo_beta=0.04, lora_r=16, use_cpu=False,
             probe_contexts=64, probe_seeds=4, probe_warm_start=True, reward_blocking=True,
-            probe_blocking=True,
+            probe_blocking=True, train_persona_sets=["all"],
             rollout_dialogues=256, agent_turns=12, agents_per_round=2, block_size=4,
             director_steps=200, prompt_style="few_shot", eval_contexts=0,
             director_reward_horizon=4, director_compare_contexts=16, director_compare_seeds=4,
             gate_criteria=list(PERSONA_CRITERIA),
         )
+    if name == "cluster":
+        # the embedded sizes, with every persona set aligned (the cluster runs the personas'
+        # partitions in parallel); embedded keeps one set for the demo's time budget (0070)
+        return LineageSettings(train_persona_sets=["all"])
     return LineageSettings()
 
 
@@ -122,6 +133,8 @@ def with_sizes(settings, sizes: str):
     checks still run and report but do not stop the lineage."""
     small = settings_for(profile_name(sizes))
     values = {key: getattr(small, key) for key in small.model_fields_set}
+    # how many persona sets Stage 1 aligns is a size: --sizes tiny trains one set (0070)
+    values["train_persona_sets"] = small.train_persona_sets
     values.update(use_cpu=True, reward_blocking=False, probe_blocking=False)
     return type(settings)(**{**settings.model_dump(), **values})
 
@@ -200,8 +213,8 @@ def resources_for(name: str | None = None) -> dict:
         "store": DuckDBStore(),
         "settings": settings_from_env(settings_for(name)),
         "tracking": MLflowResource(),
-        "judges": judge_panel(name),
     }
+    resources["judges"] = judge_panel(name, resources["settings"])
     if name == "cluster":
         missing = [f"{k} ({what})" for k, what in CLUSTER_ENV.items() if not os.environ.get(k)]
         if missing:
@@ -220,7 +233,7 @@ def resources_for(name: str | None = None) -> dict:
     return resources
 
 
-def judge_panel(name: str):
+def judge_panel(name: str, settings=None):
     """The profile's judges. embedded/study/tiny: the embedded judge trains; the three-way
     comparisons are picked by a signal independent of it (the metric picker, or the LLM judge
     when one is configured). paper: embedded + LLM judge, training on their mean (the LLM judge
@@ -228,7 +241,9 @@ def judge_panel(name: str):
     that OpenAI-compatible endpoint (MASCOT_JUDGE_MODEL, MASCOT_JUDGE_API_KEY,
     MASCOT_JUDGE_MAX_TOKENS, MASCOT_JUDGE_RATIONALE_CHARS, MASCOT_JUDGE_WORKERS requests in flight,
     MASCOT_JUDGE_TIMEOUT_S per request, MASCOT_JUDGE_STRUCTURED=0 for a server without structured
-    outputs); it evaluates beside the embedded judge without training."""
+    outputs); it evaluates beside the embedded judge without training. `settings` (the
+    profile's LineageSettings) give the embedded judge its persona exemplars
+    (persona_exemplars, reward_reference_share); the LLM judge reads the cards as before."""
     import dagster as dg
 
     from mascot_dag.resources.judge import (
@@ -255,10 +270,13 @@ def judge_panel(name: str):
             structured_output=os.environ.get("MASCOT_JUDGE_STRUCTURED", "1").lower()
             not in {"0", "false", "no", "off"},
         )
+    embedded = EmbeddedJudgeResource(**({} if settings is None else {
+        "persona_exemplars": settings.persona_exemplars,
+        "reward_reference_share": settings.reward_reference_share}))
     if name == "paper":
-        return JudgePanelResource(embedded=EmbeddedJudgeResource(), llm=llm,
+        return JudgePanelResource(embedded=embedded, llm=llm,
                                   training_judge="mean", three_way_judge="llm")
-    return JudgePanelResource(embedded=EmbeddedJudgeResource(), llm=llm,
+    return JudgePanelResource(embedded=embedded, llm=llm,
                               training_judge="embedded",
                               three_way_judge="llm" if llm is not None else "metric")
 

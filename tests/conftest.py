@@ -29,8 +29,8 @@ from mascot_dag.lib.runtime.local_cluster import free_port, stop_group, wait_hea
 # workers while the short files fill the other worker, instead of meeting at the end. The
 # sequential suite was idle about half the time (user+sys CPU ~ wall time on 2 cores).
 SLOW_FIRST = ("test_lineage.py", "test_ray_cluster.py", "test_own_group_lineage.py",
-              "test_stage1_effect.py", "test_methods.py", "test_server.py", "test_judge_panel.py",
-              "test_web_chat.py", "test_vllm.py")
+              "test_stage1_effect.py", "test_every_roster.py", "test_methods.py", "test_server.py",
+              "test_judge_panel.py", "test_web_chat.py", "test_vllm.py")
 
 
 def pytest_collection_modifyitems(config, items) -> None:

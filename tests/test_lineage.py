@@ -163,8 +163,8 @@ def test_persona_probe_is_paired(lineage):
                        "AND a.seed = b.seed AND a.format = b.format AND b.arm = 'base' "
                        "WHERE a.arm = 'adapter' AND b.text IS NULL")[0][0]
     assert unpaired == 0
-    assert {r[0] for r in q(home, "SELECT DISTINCT format FROM persona_probe")} == \
-        {"training", "chat"}
+    # the tiny profile probes the training format only (the chat format: tests/test_probe.py)
+    assert {r[0] for r in q(home, "SELECT DISTINCT format FROM persona_probe")} == {"training"}
     # every text read by every reader of the panel, each reader's validity stored
     readers = {r[0] for r in q(home, "SELECT reader FROM probe_readers")}
     assert readers == {"lexical", "semantic"}  # the tiny profile has no LLM judge
@@ -319,9 +319,8 @@ def test_probe_command_prints_the_panel(lineage):
     out = proc.stdout
     rows = [ln.split() for ln in out.splitlines()
             if ln.split()[:1] in (["lexical"], ["semantic"])]
-    assert sorted((r[0], r[1]) for r in rows) == [
-        ("lexical", "chat"), ("lexical", "training"), ("semantic", "chat"),
-        ("semantic", "training")], out
+    assert sorted((r[0], r[1]) for r in rows) == [("lexical", "training"),
+                                                  ("semantic", "training")], out
     assert all(r[2].endswith("%") and r[3] in ("yes", "no") for r in rows), out
     assert "Cohen's kappa" in out and "verdict: " in out, out
 

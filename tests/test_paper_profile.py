@@ -48,6 +48,9 @@ def paper_run(base_model_path, tmp_path_factory):
     cmd = server_command(base_model_path, port=port, served_model_name=JUDGE, max_model_len=4096)
     env = {"MASCOT_HOME": str(home), "DAGSTER_HOME": str(home / "dagster"),
            "MASCOT_MODEL": EMBEDDED_MODEL, "MASCOT_PROFILE": "paper",
+           # the tiny sizes through the environment too: the persona partitions are built from
+           # it when the definitions load, one trained set at these sizes (decision 0070)
+           "MASCOT_SIZES": "tiny",
            "MASCOT_JUDGE_BASE_URL": f"http://127.0.0.1:{port}/v1", "MASCOT_JUDGE_MODEL": JUDGE,
            # a structured judge reply takes seconds here: the HTTP timeout is not what is tested
            "MASCOT_JUDGE_TIMEOUT_S": "900"}  # fmt: skip

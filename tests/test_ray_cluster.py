@@ -231,7 +231,9 @@ def ray_run(stack, inprocess):
                     time.sleep(2)
                 assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-8000:]
                 exps = [e.experiment_id for e in client.search_experiments()]
-                for run in client.search_runs(exps, "attributes.run_name = 'persona-anchor' "
+                # found by its tags: the run's name says what trains, for people (run_name)
+                for run in client.search_runs(exps, "tags.asset = 'persona_adapters' AND "
+                                                    "tags.persona = 'anchor' "
                                                     "AND attributes.status = 'RUNNING'"):
                     victim = run
                 time.sleep(0.3)

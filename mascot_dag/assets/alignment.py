@@ -15,7 +15,7 @@ MASCOT_HOME/checkpoints/<asset>/<fingerprint of data+settings>, so an interrupte
 
 import functools
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import dagster as dg
 import polars as pl
@@ -27,6 +27,7 @@ from mascot_dag.assets.common import (
     base_model_path,
     cluster_tags,
     fingerprint,
+    input_errors_fail_at_once,
     markdown_table,
     materialized,
     nan_if_none,
@@ -35,8 +36,9 @@ from mascot_dag.assets.common import (
     quiet_backfill_policy_beta,
 )
 from mascot_dag.assets.queries import (
+    NoModeContexts,
     all_contexts,
-    load_roster,
+    persona_roster,
     persona_set_contexts,
     train_contexts,
 )
@@ -84,12 +86,15 @@ quiet_backfill_policy_beta()
 def group_prompts(store: DuckDBStore, settings: LineageSettings, card, roster,
                   ctxs) -> tuple[list[list[dict]], list[str]]:
     """The GRPO prompts of one persona and their `earlier_turns` column
-    (lib.group_history.group_prompts), the other personas' candidates read from the store."""
+    (lib.group_history.group_prompts), the other personas' candidates read from the store (its
+    own roster's: group-history turns come from the same set)."""
     pools = {}
     if settings.group_history_turns > 0:
+        ids = [c.persona_id for c in roster]
         pools = candidate_pools(store.frame(
-            "SELECT context_id, persona_id, text FROM candidates "
-            "ORDER BY context_id, persona_id, sample_idx").rows())
+            "SELECT context_id, persona_id, text FROM candidates WHERE persona_id IN "
+            f"({', '.join('?' * len(ids))}) ORDER BY context_id, persona_id, sample_idx",
+            ids).rows())
     return build_group_prompts(card, roster, ctxs, settings.prompt_style,
                                settings.group_history_turns, settings.seed, pools)
 
@@ -100,7 +105,9 @@ def warm_start_examples(store: DuckDBStore, settings: LineageSettings, card, ros
     prompt) that the training judge scored best AS this persona, under the prompt the adapter
     serves in."""
     persona = card.persona_id
-    cands = store.frame("SELECT candidate_id, context_id, persona_id, text FROM candidates")
+    ids = [c.persona_id for c in roster]  # its own set's candidates
+    cands = store.frame("SELECT candidate_id, context_id, persona_id, text FROM candidates "
+                        f"WHERE persona_id IN ({', '.join('?' * len(ids))})", ids)
     judg = training_judgments(store.frame("SELECT * FROM judgments WHERE persona_id = ?",
                                           [persona]), training_rule)
     best = best_per_context(cands, mean_scores(judg, settings.persona_score_weight), persona)
@@ -144,9 +151,12 @@ def persona_adapters(
 ) -> dg.MaterializeResult:
     """Each persona's LoRA adapter (one per partition of the run): pi_SFT -> warm start (SFT) ->
     GRPO on reward model + format reward, then the paired persona probe on held-out contexts
-    (the `fidelity_effect` check: one result per run, a line per persona)."""
-    roster = load_roster(store, settings.train_persona_set)
-    ctxs = train_contexts(store, settings)
+    (the `fidelity_effect` check: one result per run, a line per persona). Each persona trains
+    beside its own set's roster on the contexts of the mode that set speaks in."""
+    rosters = {p: persona_roster(store, p) for p in context.partition_keys}
+    with input_errors_fail_at_once(NoModeContexts):  # a trained set with no contexts of its mode
+        ctxs_of = {p: train_contexts(store, settings, r[0].persona_set)
+                   for p, r in rosters.items()}
     rm_version = tracking.latest_version(REWARD_MODEL_NAME)
     if rm_version is None:
         raise ValueError(f"no {REWARD_MODEL_NAME} in MLflow: materialise persona_reward_model")
@@ -160,10 +170,11 @@ def persona_adapters(
         init = fetch(tracking, POLICY_SFT_MODEL, sft_version)
     trained = {}
     for persona in context.partition_keys:
+        roster = rosters[persona]
         card = next(c for c in roster if c.persona_id == persona)
         trained[persona] = train_persona_adapter(
             context, store, chat, judges, tracking, settings,
-            AdapterInputs(card, roster, ctxs, base, rm_version, scorer, init))
+            AdapterInputs(card, roster, ctxs_of[persona], base, rm_version, scorer, init))
     if len(trained) == 1:  # one partition: the persona's own metadata and check, unprefixed
         ((_, (metadata, check)),) = trained.items()
         return materialized(metadata=metadata, check_results=[check])
@@ -205,7 +216,7 @@ def train_persona_adapter(context, store: DuckDBStore, chat: ChatModelResource,
         reward_model_reward,
     )
     from mascot_dag.lib.training.grpo import train_grpo_adapter
-    from mascot_dag.lib.training.sft import train_sft_adapter
+    from mascot_dag.lib.training.sft import fitting_max_length, train_sft_adapter
 
     card, roster, ctxs, base = inputs.card, inputs.roster, inputs.ctxs, inputs.base
     rm_version, init = inputs.rm_version, inputs.init
@@ -234,13 +245,21 @@ def train_persona_adapter(context, store: DuckDBStore, chat: ChatModelResource,
     ckpt = home.checkpoints / "persona_adapters" / persona
     name = persona_model(persona)
     timings = {}
-    with tracking.start_run(STAGE1_EXPERIMENT, f"persona-{persona}", {"persona": persona}) as run:
+    warm_start = ([f"after {settings.warm_start_steps} SFT warm-start steps"]
+                  if settings.warm_start_steps > 0 else [])
+    run_name = tracking.run_name(persona, "GRPO", lora_r=lora.r, steps=settings.grpo_steps,
+                                 extra=[f"{len(prompts)} prompts", *warm_start], base=base)
+    with tracking.start_run(STAGE1_EXPERIMENT, run_name,
+                            {"asset": "persona_adapters", "persona": persona},
+                            description=tracking.training_note(settings.grpo_steps)) as run:
         warm_dir = None
         if settings.warm_start_steps > 0:
             t0 = time.monotonic()
             examples = warm_start_examples(store, settings, card, roster, judges.training_judge)
             ws = sft_settings(settings, settings.warm_start_steps,
                               settings.warm_start_learning_rate)
+            # whole examples: a meeting's prompt is longer than the default max_length
+            ws = replace(ws, max_length=fitting_max_length(base, examples, ws.max_length))
             warm = train_sft_adapter(
                 base, examples, ws, lora,
                 ckpt / "warm_start" / fingerprint(base, examples, ws, lora, str(init)),
@@ -281,12 +300,15 @@ def train_persona_adapter(context, store: DuckDBStore, chat: ChatModelResource,
         for adapter_dir, adapter_name in arms.values():
             backend.add_adapter(adapter_name, str(adapter_dir))
         try:
-            panel = judges.probe_panel(settings.train_persona_set, roster, settings.seed)
+            panel = judges.probe_panel(card.persona_set, roster, settings.seed,
+                                       settings.reward_reference_share)
         except NoReferenceUtterances as e:  # a user's set without probe/<set>.yaml: no reader
             timings["probe_s"] = 0.0
             return _unprobed(run.info.run_id, f"{name}/{version}", result, moved, timings,
                              f"{persona}: {e}")
-        ctxs = persona_set_contexts(store, settings, "eval", settings.probe_contexts)
+        with input_errors_fail_at_once(NoModeContexts):
+            ctxs = persona_set_contexts(store, settings, "eval", settings.probe_contexts,
+                                        card.persona_set)
         rows, readings, summary = probe.probe_persona(
             backend.generate, judges.training(), card, roster, ctxs,
             {arm: adapter_name for arm, (_, adapter_name) in arms.items()}, f"{name}/{version}",
@@ -298,9 +320,9 @@ def train_persona_adapter(context, store: DuckDBStore, chat: ChatModelResource,
             ("persona_probe", rows, "persona_id = ?", [persona]),
             ("probe_readings", readings, "persona_id = ?", [persona]),
             ("probe_readers", pl.DataFrame({
-                "persona_set": settings.train_persona_set, "reader": list(accuracies),
+                "persona_set": card.persona_set, "reader": list(accuracies),
                 "accuracy": list(accuracies.values())}),
-             "persona_set = ?", [settings.train_persona_set]),
+             "persona_set = ?", [card.persona_set]),
         ])
         timings["probe_s"] = time.monotonic() - t0
         verdict = persona_verdict(summary, accuracies, persona, MIN_CLUSTERS_FOR_SIGNIFICANCE)

@@ -22,6 +22,7 @@ from mascot_dag.assets.queries import (
     dialogue_metadata,
     dialogue_records,
     pick_contexts,
+    roster_ids,
     rosters,
     write_dialogues,
 )
@@ -56,7 +57,7 @@ def group_rollouts(
     roster = rosters(store)
     specs = build_specs(pick_contexts(store, "train", settings.rollout_dialogues), roster,
                         user_profiles(), settings.agent_turns, ROLLOUT_PREFIX, settings.seed)
-    adapters, versions = attach_personas(chat, tracking, [c.persona_id for c in roster["support"]])
+    adapters, versions = attach_personas(chat, tracking, roster_ids(roster))
     config = config_from_settings(settings, persona_adapters=adapters)
     records = run_dialogues(specs, chat.backend(), config, stage="rollout", method="mascot")
     d, t, x = write_dialogues(store, records, ROLLOUT_PREFIX)
@@ -144,7 +145,7 @@ def director_adapter(
     states = director_states(records, specs)
     if not states:
         raise ValueError("no director decision points in the rollouts: materialise group_rollouts")
-    adapters, versions = attach_personas(chat, tracking, [c.persona_id for c in roster["support"]])
+    adapters, versions = attach_personas(chat, tracking, roster_ids(roster))
     config = config_from_settings(settings, persona_adapters=adapters)
     horizon = settings.director_reward_horizon
     # the group reward is the panel's training judge (settings: judges.training_judge)
@@ -158,7 +159,10 @@ def director_adapter(
     prompts = [s.messages for s in states]
     out = Home.from_env().checkpoints / "director_adapter" / fingerprint(
         base, prompts, versions, gs, lora, horizon)
-    with tracking.start_run(EXPERIMENT, "grpo-director", {"asset": "director_adapter"}) as run:
+    name = tracking.run_name("director", "GRPO", lora_r=lora.r, steps=gs.max_steps,
+                             extra=[f"{len(states)} decision points"], base=base)
+    with tracking.start_run(EXPERIMENT, name, {"asset": "director_adapter"},
+                            description=tracking.training_note(gs.max_steps)) as run:
         tracking.log_params({"base_model": base, "states": len(states), **gs.__dict__,
                              "group_judge": rewards[0].judge.name,
                              "persona_adapter_versions": versions, "lora": lora.__dict__,

@@ -15,20 +15,40 @@ from mascot_dag.lib.data.personas import (
     PersonaFileError,
     load_personas,
     personas_of_set,
-    trained_set,
+    trained_sets,
 )
 from mascot_dag.lib.data.users import UserProfileError
 from mascot_dag.lib.evaluation.champion import CHAMPION
 from mascot_dag.lib.evaluation.methods import METHODS
 from mascot_dag.lib.markdown import markdown_table
 
-# Stage 1 trains one persona set (the packaged `support` one, or the first set of the user's
-# MASCOT_PERSONAS_DIR); its persona ids are the partitions of the per-persona assets. Read from
-# the persona folder when the code location loads (cheap YAML parsing), so the Dagster UI shows
-# the user's personas.
+
+def trained_rosters(cards, settings) -> dict[str, list[str]]:
+    """{persona set: its persona ids} of every set Stage 1 aligns under `settings`
+    (`train_persona_sets`, else the one `train_persona_set`; lib.data.personas.trained_sets)."""
+    return {s: [c.persona_id for c in personas_of_set(cards, s)]
+            for s in trained_sets(cards, settings.train_persona_sets, settings.train_persona_set)}
+
+
+def _profile_rosters(cards) -> dict[str, list[str]]:
+    """`trained_rosters` under the profile of this process: MASCOT_PROFILE with MASCOT_SIZES and
+    MASCOT_SET (profiles.settings_from_env), the environment a worker on another machine gets
+    too (lib/runtime/cluster.WORKER_ENV), so it builds the same partitions."""
+    from mascot_dag.profiles import profile_name, settings_for, settings_from_env
+
+    return trained_rosters(cards, settings_from_env(settings_for(profile_name())))
+
+
+# Stage 1 aligns the profile's trained persona sets (train_persona_sets: the study, paper and
+# cluster profiles every set of the folder, embedded and tiny one set); their persona ids are
+# the partitions of the per-persona assets. Read from the persona folder and the profile's
+# settings when the code location loads (cheap YAML parsing), so the Dagster UI shows the
+# user's personas, and the workplace personas under the study profile.
 _CARDS = load_personas()
-SUPPORT_PERSONAS = [c.persona_id for c in personas_of_set(_CARDS, trained_set(_CARDS))]
-persona_partitions = dg.StaticPartitionsDefinition(SUPPORT_PERSONAS)
+TRAINED_ROSTERS = _profile_rosters(_CARDS)
+TRAINED_PERSONAS = [p for ids in TRAINED_ROSTERS.values() for p in ids]
+SUPPORT_PERSONAS = TRAINED_PERSONAS  # the earlier name (one trained set: the support set)
+persona_partitions = dg.StaticPartitionsDefinition(TRAINED_PERSONAS)
 # The MLflow experiment of every Stage 1 model (pi_SFT, reward model, adapters, probe).
 STAGE1_EXPERIMENT = "stage1_persona_alignment"
 # A check declared blocking whose profile setting (reward_blocking, probe_blocking) is off reports

@@ -14,7 +14,7 @@ from mascot_dag.assets.common import (
     table_metadata,
     user_profiles,
 )
-from mascot_dag.assets.queries import pick_contexts, rosters
+from mascot_dag.assets.queries import pick_contexts, roster_ids, rosters
 from mascot_dag.lib.dialogue.rollout import build_specs
 from mascot_dag.lib.dialogue.spec import config_from_settings
 from mascot_dag.lib.markdown import markdown_table
@@ -62,7 +62,7 @@ def director_comparison(
     for k in range(settings.director_compare_seeds):
         specs += build_specs(contexts, roster, user_profiles(), settings.agent_turns,
                              f"{PREFIX}:s{k}", settings.seed + k)
-    adapters, versions = attach_personas(chat, tracking, [c.persona_id for c in roster["support"]])
+    adapters, versions = attach_personas(chat, tracking, roster_ids(roster))
     config = config_from_settings(settings, persona_adapters=adapters)
     # the group reward on the GRPO reward's terms: the panel's training judge
     reward_judge = judges.training()

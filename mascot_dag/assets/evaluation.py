@@ -27,6 +27,7 @@ from mascot_dag.assets.queries import (
     method_versions,
     pick_contexts,
     probe_verdict,
+    roster_ids,
     rosters,
     write_dialogues,
 )
@@ -99,7 +100,7 @@ def eval_dialogues(
     Partition `champion`: the `mascot` recipe with the versions under the MLflow alias `champion`;
     no dialogues while no champion exists (the gate then compares against zero_shot)."""
     specs = eval_specs(store, settings)
-    persona_ids = [c.persona_id for c in rosters(store)["support"]]
+    persona_ids = roster_ids(rosters(store))  # both modes' personas: each its own adapter
     attached: dict = {}  # alias -> (personas, versions, director, version): one lookup per alias
 
     def models(alias: str | None) -> tuple:
@@ -338,7 +339,9 @@ def eval_report(
         "](", f"]({out.name}/"), encoding="utf-8")
     moved = apply_gate(tracking, decision, versions)
     params, metrics, tags = gate.gate_tracking(decision)
-    with tracking.start_run(EXPERIMENT, "eval-report", {"asset": "eval_report"}) as run:
+    name = tracking.run_name("eval report", extra=[f"{len(dialogues)} dialogues"],
+                             base=chat.model_name)
+    with tracking.start_run(EXPERIMENT, name, {"asset": "eval_report"}) as run:
         tracking.log_params({**params, **{f"version.{k}": v for k, v in versions.items()}})
         for m, v in result.headline.items():
             if v is not None:

@@ -20,13 +20,14 @@ from mascot_dag.assets.common import (
     PERSONA_BACKFILL,
     TRANSIENT_RETRY,
     cluster_tags,
+    input_errors_fail_at_once,
     materialized,
     persona_partitions,
     persona_rows,
     quiet_backfill_policy_beta,
     table_metadata,
 )
-from mascot_dag.assets.queries import load_roster, train_contexts
+from mascot_dag.assets.queries import NoModeContexts, persona_roster, train_contexts
 from mascot_dag.lib.dialogue.engine import opening_agent_messages
 from mascot_dag.lib.evaluation.stats import describe
 from mascot_dag.lib.judges.agreement import agreement, agreement_markdown
@@ -76,17 +77,21 @@ def candidate_responses(
     settings: LineageSettings,
 ) -> dg.MaterializeResult:
     """K sampled responses per (train context, persona) from pi_SFT (cached in DuckDB), for each
-    persona of the run (one batch: the seeds are per persona and sample, not per batch)."""
+    persona of the run (one batch: the seeds are per persona and sample, not per batch), on the
+    train contexts of the mode its set speaks in (meetings for the workplace set), beside its own
+    set's roster."""
     personas = context.partition_keys
-    roster = load_roster(store, settings.train_persona_set)
-    ids = [c.persona_id for c in roster]
-    ctxs = train_contexts(store, settings)
+    rosters = {p: persona_roster(store, p) for p in personas}
+    with input_errors_fail_at_once(NoModeContexts):  # a trained set with no contexts of its mode
+        ctxs_of = {p: train_contexts(store, settings, rosters[p][0].persona_set)
+                   for p in personas}
     adapter = policy_adapter(chat, tracking, settings)
     requests, meta = [], []
     for persona in personas:
-        index = ids.index(persona)
+        roster = rosters[persona]
+        index = [c.persona_id for c in roster].index(persona)
         card = roster[index]
-        for c in ctxs:
+        for c in ctxs_of[persona]:
             messages = tuple(opening_agent_messages(card, c, roster,
                                                     settings.candidate_prompt_style))
             for k in range(settings.k_candidates):
@@ -110,11 +115,15 @@ def candidate_responses(
         infer_schema_length=None,
     )
     store.replace("candidates", df, *persona_rows(personas))
+    used = {c.context_id: c.source for p in personas for c in ctxs_of[p]}
     return materialized(
         metadata=table_metadata(
             df.select("candidate_id", "text", "completion_tokens"),
             personas=list(personas),
-            contexts=len(ctxs),
+            contexts=len(used),
+            # which mode's contexts each set was sampled on (qmsum: meetings)
+            contexts_by_source={src: list(used.values()).count(src)
+                                for src in sorted(set(used.values()))},
             policy=adapter or "base",
             cache_hits=cached.hits,
             cache_misses=cached.misses,
@@ -143,20 +152,19 @@ def persona_judgments(
     the run (with cross_persona_pairs: every persona's candidates) by every judge of the panel,
     long format, one row per judge."""
     personas = context.partition_keys
-    roster = load_roster(store, settings.train_persona_set)
-    cards = {c.persona_id: c for c in roster}
-    which = "" if settings.cross_persona_pairs else "WHERE c.persona_id = ?"
     items, targets = [], []  # one judging call per judge for the whole run
     for persona in personas:
+        roster = persona_roster(store, persona)  # its own set: the pool holds its roster only
+        judged = [c.persona_id for c in roster] if settings.cross_persona_pairs else [persona]
         cands = store.frame(
             "SELECT c.candidate_id, c.text, x.text AS context_text FROM candidates c "
-            f"JOIN contexts x USING (context_id) {which} ORDER BY c.candidate_id",
-            [] if settings.cross_persona_pairs else [persona],
-        )
+            f"JOIN contexts x USING (context_id) WHERE c.persona_id IN "
+            f"({', '.join('?' * len(judged))}) ORDER BY c.candidate_id", judged)
         if cands.is_empty():
             raise ValueError(
                 f"no candidates for persona {persona}: materialise candidate_responses")
-        items += [ResponseItem(ctx_text, cards[persona], roster, text, [])
+        card = next(c for c in roster if c.persona_id == persona)
+        items += [ResponseItem(ctx_text, card, roster, text, [])
                   for ctx_text, text in cands.select("context_text", "text").iter_rows()]
         targets += [(cid, persona) for cid in cands["candidate_id"]]
     rows = []
@@ -200,12 +208,14 @@ def persona_preference_pairs(
     gap >= delta (lib/stage1/preferences.py: the pool holds every persona's candidates with
     cross_persona_pairs), ranked on the panel's training judge (lib/judges/panel.py)."""
     personas = context.partition_keys
-    which = "" if settings.cross_persona_pairs else "WHERE persona_id = ?"
     per_persona, cross_rejected = [], 0
     for persona in personas:
+        # the pool: its own set's candidates (cross_persona_pairs), else its own
+        pool = ([c.persona_id for c in persona_roster(store, persona)]
+                if settings.cross_persona_pairs else [persona])
         cands = store.frame(
-            f"SELECT candidate_id, context_id, persona_id FROM candidates {which}",
-            [] if settings.cross_persona_pairs else [persona])
+            "SELECT candidate_id, context_id, persona_id FROM candidates WHERE persona_id IN "
+            f"({', '.join('?' * len(pool))})", pool)
         judg = training_judgments(store.frame("SELECT * FROM judgments WHERE persona_id = ?",
                                               [persona]), judges.training_judge)
         scores = mean_scores(judg, settings.persona_score_weight)

@@ -29,20 +29,49 @@ def contexts_of(store: DuckDBStore, split: str, source: str, limit: int = 0) -> 
     return [context_from_row(r) for r in rows]
 
 
+class NoModeContexts(ValueError):
+    """A trained persona set without contexts of the mode it speaks in: an input error (the
+    data or the setting), which fails the step at once (assets/common.input_errors_fail_at_once)."""
+
+
 def persona_set_contexts(store: DuckDBStore, settings: LineageSettings, split: str,
-                         limit: int) -> list[Context]:
-    """Contexts of the trained persona set's source in `split` (limit 0 = all)."""
-    # the workplace set speaks in meetings (QMSum-format contexts), every other set in support
-    # contexts (EmpatheticDialogues format, or a user's support-mode contexts)
-    source = "qmsum" if settings.train_persona_set == "workplace" else "empatheticdialogues"
+                         limit: int, persona_set: str) -> list[Context]:
+    """Contexts of `split` (limit 0 = all) of the mode `persona_set` speaks in: the workplace set
+    in meetings (QMSum-format contexts), every other set in support contexts (EmpatheticDialogues
+    format, or a user's support-mode contexts); lib.data.personas.set_mode says which. None:
+    NoModeContexts naming the set, the mode and the setting to change."""
+    from mascot_dag.lib.data.personas import set_mode
+    from mascot_dag.lib.data.user_contexts import MODES
+
+    cards = [card_from_row(r) for r in store.frame("SELECT * FROM personas").to_dicts()]
+    mode = set_mode(cards, persona_set) if cards else "support"
+    source = MODES[mode]
     out = contexts_of(store, split, source, limit)
-    if not out:
+    if out:
+        return out
+    if store.frame("SELECT count(*) AS n FROM contexts")["n"].item() == 0:
         raise ValueError(f"no {split} contexts from {source}: materialise `contexts` first")
-    return out
+    raise NoModeContexts(
+        f"persona set {persona_set!r} is trained (train_persona_sets={settings.train_persona_sets}"
+        f", train_persona_set={settings.train_persona_set!r}) and speaks in {mode} contexts, but "
+        f"the {split} split holds no {mode} contexts (source {source}): load them "
+        f"({'MASCOT_QMSUM_PATH' if mode == 'meeting' else 'MASCOT_ED_PATH'} or a contexts file "
+        f"with mode {mode}), or leave {persona_set!r} out of the setting train_persona_sets "
+        f"(e.g. --set 'train_persona_sets=[...]' naming the other sets)")
 
 
-def train_contexts(store: DuckDBStore, settings: LineageSettings) -> list[Context]:
-    return persona_set_contexts(store, settings, "train", settings.max_train_contexts)
+def train_contexts(store: DuckDBStore, settings: LineageSettings,
+                   persona_set: str) -> list[Context]:
+    return persona_set_contexts(store, settings, "train", settings.max_train_contexts,
+                                persona_set)
+
+
+def persona_roster(store: DuckDBStore, persona_id: str) -> list[PersonaCard]:
+    """The roster of a persona's own set (the personas it trains and is judged beside)."""
+    rows = store.frame("SELECT persona_set FROM personas WHERE persona_id = ?", [persona_id])
+    if rows.is_empty():
+        raise ValueError(f"no persona {persona_id!r}: materialise `persona_cards` first")
+    return load_roster(store, rows["persona_set"].item())
 
 
 def pick_contexts(store: DuckDBStore, split: str, per_mode: int,
@@ -77,6 +106,13 @@ def rosters(store: DuckDBStore) -> dict[str, list[PersonaCard]]:
     if not cards:
         raise ValueError("no personas: materialise `persona_cards` first")
     return {role: load_roster(store, s) for role, s in mode_sets(cards).items()}
+
+
+def roster_ids(by_mode: dict[str, list[PersonaCard]]) -> list[str]:
+    """The persona ids of every roster of `rosters(store)` (support and meeting), once each: the
+    personas whose registered adapters a dialogue loads, looked up per persona (a persona
+    without a version speaks as the base model with its prompt, labelled so)."""
+    return list(dict.fromkeys(c.persona_id for cards in by_mode.values() for c in cards))
 
 
 def write_dialogues(store: DuckDBStore, records, prefix: str) -> tuple:
@@ -133,11 +169,19 @@ def probe_verdict(store: DuckDBStore, settings: LineageSettings, versions: dict[
     missing = used - set(probed["model_version"].to_list())
     if missing:
         return None, f"no probe of {', '.join(sorted(missing))}"
-    personas = sorted(set(probed.filter(pl.col("model_version").is_in(list(used)))["persona_id"]
-                          .to_list()))
-    try:
-        return roster_panel(store.frame, personas, settings.train_persona_set,
-                            MIN_CLUSTERS_FOR_SIGNIFICANCE, seed=settings.seed).verdict, ""
+    from mascot_dag.lib.stage1.panel import sets_verdict
+
+    personas = set(probed.filter(pl.col("model_version").is_in(list(used)))["persona_id"]
+                   .to_list())
+    sets = store.frame("SELECT persona_set, persona_id FROM personas ORDER BY persona_id")
+    by_set: dict[str, list[str]] = {}
+    for persona_set, pid in sets.rows():
+        if pid in personas:
+            by_set.setdefault(persona_set, []).append(pid)
+    try:  # each trained set's roster apart; the verdict passes when every set's passes
+        return sets_verdict({s: roster_panel(store.frame, ids, s, MIN_CLUSTERS_FOR_SIGNIFICANCE,
+                                             seed=settings.seed).verdict
+                             for s, ids in by_set.items()}), ""
     except ValueError as e:
         return None, str(e)
 

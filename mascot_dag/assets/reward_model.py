@@ -20,10 +20,7 @@ from mascot_dag.assets.common import (
     nan_if_none,
     progress,
 )
-from mascot_dag.assets.queries import (
-    all_contexts,
-    load_roster,
-)
+from mascot_dag.assets.queries import all_contexts
 from mascot_dag.lib.evaluation.methods import sft_examples
 from mascot_dag.lib.evaluation.stats import MIN_CLUSTERS_FOR_SIGNIFICANCE
 from mascot_dag.lib.stage1.preferences import (
@@ -31,7 +28,7 @@ from mascot_dag.lib.stage1.preferences import (
     reward_messages,
 )
 from mascot_dag.lib.storage.home import Home
-from mascot_dag.lib.storage.tables import context_from_row
+from mascot_dag.lib.storage.tables import card_from_row, context_from_row
 from mascot_dag.lib.training.common import lora_relative_change
 from mascot_dag.lib.training.config import lora_settings, sft_settings
 from mascot_dag.registry import POLICY_SFT_MODEL
@@ -42,8 +39,9 @@ from mascot_dag.resources.store import DuckDBStore
 from mascot_dag.resources.tracking import MLflowResource
 
 
-def preference_examples(store: DuckDBStore, persona_set: str) -> list[dict]:
-    """preference_pairs joined to texts -> [{"prompt": RM messages, "chosen", "rejected"}]."""
+def preference_examples(store: DuckDBStore) -> list[dict]:
+    """preference_pairs joined to texts -> [{"prompt": RM messages, "chosen", "rejected"}]: the
+    pairs of every trained set's personas (one reward model reads the persona tag of each)."""
     df = store.frame(
         "SELECT p.pair_id, p.persona_id, p.context_id, c.text AS chosen, r.text AS rejected "
         "FROM preference_pairs p JOIN candidates c ON c.candidate_id = p.chosen_id "
@@ -51,7 +49,8 @@ def preference_examples(store: DuckDBStore, persona_set: str) -> list[dict]:
     )
     ctx = all_contexts(store)
     # The short tag the reward model reads (see lib.preferences.reward_messages).
-    tags = {c.persona_id: persona_tag(c) for c in load_roster(store, persona_set)}
+    tags = {r["persona_id"]: persona_tag(card_from_row(r))
+            for r in store.frame("SELECT * FROM personas").to_dicts()}
     return [
         {"pair_id": r["pair_id"], "group": r["context_id"],
          "prompt": reward_messages(tags[r["persona_id"]], ctx[r["context_id"]]),
@@ -93,7 +92,10 @@ def policy_sft(
     lora = lora_settings(settings)
     base = base_model_path(chat)
     out = Home.from_env().checkpoints / "policy_sft" / fingerprint(base, examples, ss, lora)
-    with tracking.start_run(STAGE1_EXPERIMENT, "policy-sft", {"asset": "policy_sft"}) as run:
+    name = tracking.run_name("policy", "SFT", lora_r=lora.r, steps=ss.max_steps,
+                             extra=[f"{len(examples)} examples"], base=base)
+    with tracking.start_run(STAGE1_EXPERIMENT, name, {"asset": "policy_sft"},
+                            description=tracking.training_note(ss.max_steps)) as run:
         tracking.log_params({"base_model": base, "examples": len(examples), **ss.__dict__,
                              "lora": lora.__dict__})
         result = train_sft_adapter(base, examples, ss, lora, out,
@@ -135,7 +137,7 @@ def persona_reward_model(
     from mascot_dag.lib.training.config import RewardModelSettings
     from mascot_dag.lib.training.reward_model import train_reward_model
 
-    pairs = preference_examples(store, settings.train_persona_set)
+    pairs = preference_examples(store)
     if len(pairs) < 2:
         raise ValueError(
             f"only {len(pairs)} preference pairs: sample more candidates (k_candidates, "
@@ -153,8 +155,10 @@ def persona_reward_model(
     base = base_model_path(chat)
     out = Home.from_env().checkpoints / "persona_reward_model" / fingerprint(
         base, [(p["pair_id"], p["prompt"]) for p in pairs], rm, lora)
-    with tracking.start_run(STAGE1_EXPERIMENT, "persona-reward-model",
-                            {"asset": "persona_reward_model"}) as run:
+    name = tracking.run_name("reward model", "Bradley-Terry", lora_r=lora.r, steps=rm.max_steps,
+                             extra=[f"{len(pairs)} pairs"], base=base)
+    with tracking.start_run(STAGE1_EXPERIMENT, name, {"asset": "persona_reward_model"},
+                            description=tracking.training_note(rm.max_steps)) as run:
         tracking.log_params({"base_model": base, "pairs": len(pairs), **rm.__dict__,
                              "lora": lora.__dict__})
         result = train_reward_model(base, pairs, rm, lora, out,

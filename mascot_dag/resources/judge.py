@@ -22,6 +22,12 @@ class EmbeddedJudgeResource(dg.ConfigurableResource):
     device: str = Field(
         default="cpu", description="Where MiniLM runs; CPU keeps scores deterministic."
     )
+    persona_exemplars: str = Field(
+        default="card", description="What persona centroids average: 'card' or 'references' "
+        "(LineageSettings.persona_exemplars; profiles.judge_panel copies it from the settings).")
+    reward_reference_share: float = Field(
+        default=0.0, description="The reference utterances' reward share "
+        "(LineageSettings.reward_reference_share, copied the same way).")
 
     _judge: Any = PrivateAttr(default=None)
     _lock: Any = PrivateAttr(default_factory=threading.Lock)
@@ -29,14 +35,18 @@ class EmbeddedJudgeResource(dg.ConfigurableResource):
     def judge(self) -> EmbeddedJudge:
         with self._lock:
             if self._judge is None:
-                self._judge = _shared_embedded(self.device)
+                self._judge = _shared_embedded(self.device, self.persona_exemplars,
+                                               self.reward_reference_share)
             return self._judge
 
 
-@functools.lru_cache(maxsize=2)
-def _shared_embedded(device: str) -> EmbeddedJudge:
-    """One embedded judge per process (it is deterministic and stateless apart from caches)."""
-    return EmbeddedJudge(device=device)
+@functools.lru_cache(maxsize=4)
+def _shared_embedded(device: str, persona_exemplars: str = "card",
+                     reward_reference_share: float = 0.0) -> EmbeddedJudge:
+    """One embedded judge per process and configuration (it is deterministic and stateless
+    apart from caches)."""
+    return EmbeddedJudge(device=device, persona_exemplars=persona_exemplars,
+                         reward_reference_share=reward_reference_share)
 
 
 class LLMJudgeResource(dg.ConfigurableResource):
@@ -121,21 +131,32 @@ class JudgePanelResource(dg.ConfigurableResource):
 
         return training_judge(self.judges(), self.training_judge)
 
-    def probe_panel(self, persona_set: str, roster: list, seed: int = 0) -> list:
+    def probe_panel(self, persona_set: str, roster: list, seed: int = 0,
+                    reference_share: float = 0.0) -> list:
         """The persona probe's readers with their accuracies [(reader, accuracy)]: the fitted
         lexical and semantic readers, and with an LLM judge in the panel the judge reader
         (lib/stage1/readers.py). The judge reader's accuracy costs one request per reference
-        utterance, so it is measured once per resource and set."""
+        utterance, so it is measured once per resource and set. The readers fit and validate on
+        the references' READER share (`reference_share` = reward_reference_share); an embedded
+        judge learning from another reward share is an error: the shares would overlap."""
         from mascot_dag.lib.stage1.readers import fitted_panel, judge_panel_member
 
-        panel = list(fitted_panel(persona_set, seed))
+        emb = self.embedded
+        if (emb is not None and emb.persona_exemplars == "references"
+                and emb.reward_reference_share != reference_share):
+            raise ValueError(
+                f"the embedded judge learns from a reward share of {emb.reward_reference_share} "
+                f"of the reference utterances, the probe's readers were asked to leave out "
+                f"{reference_share}: the two would overlap (set reward_reference_share once, in "
+                "the settings)")
+        panel = list(fitted_panel(persona_set, seed, reference_share))
         if self.llm is not None:
-            key = (persona_set, tuple(c.persona_id for c in roster))
+            key = (persona_set, tuple(c.persona_id for c in roster), reference_share)
             if key not in self._judge_readers:
                 descriptions = {c.persona_id: f"{c.name}, {c.role}. {c.description}"
                                 for c in roster}
                 self._judge_readers[key] = judge_panel_member(
-                    self.llm.chat.generate, descriptions, persona_set)
+                    self.llm.chat.generate, descriptions, persona_set, reference_share)
             panel.append(self._judge_readers[key])
         return panel
 

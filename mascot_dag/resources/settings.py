@@ -18,7 +18,21 @@ class LineageSettings(dg.ConfigurableResource):
     seed: int = Field(default=0, description="Base seed of every sampled generation and split.")
     eval_ratio: float = Field(default=0.25, description="Share of contexts in the eval split.")
     train_persona_set: str = Field(
-        default="support", description="Persona set that Stage 1 aligns (support | workplace)."
+        default="support",
+        description="The one persona set Stage 1 aligns while train_persona_sets is empty "
+        "(support | workplace, or a set of the user's folder; a folder without it: its first "
+        "set).",
+    )
+    train_persona_sets: list[str] = Field(
+        default=[],
+        description="Persona sets Stage 1 aligns, each on the training contexts of the mode it "
+        "speaks in (the set `workplace` in meetings, every other set in support contexts) with "
+        "its own roster: ['all'] = every set of the persona folder (the study, paper and "
+        "cluster profiles, so meeting-mode MASCOT speaks with aligned adapters); set names = "
+        "those sets; [] = the one set train_persona_set names (embedded and tiny: a demo's and "
+        "the tests' time budget, Stage 1 costs time per persona). The persona partitions are "
+        "these sets' persona ids, read when the definitions load (MASCOT_PROFILE, MASCOT_SET). "
+        "A profile's sizes (MASCOT_SIZES) bring their own value.",
     )
     prompt_style: str = Field(
         default="zero_shot",
@@ -151,6 +165,20 @@ class LineageSettings(dg.ConfigurableResource):
         "gain CI includes zero or one persona is made significantly worse under some reader "
         "(persona_roster_probe); per-persona results stay warnings.",
     )
+    reward_reference_share: float = Field(
+        default=0.0, ge=0.0, lt=1.0,
+        description="Share of each persona's reference utterances (personas/probe/<set>.yaml) "
+        "that the reward may learn from (lib.stage1.readers.split_references, a stable hash of "
+        "the text); the probe's readers are fitted and validated on the rest only, so the two "
+        "never overlap. 0: the readers get every reference, the reward none.",
+    )
+    persona_exemplars: str = Field(
+        default="card",
+        description="What the embedded judge's persona centroids average: 'card' (description, "
+        "behaviours, examples) or 'references' (the card's examples + the persona's reward "
+        "share of the reference utterances; needs reward_reference_share > 0; a set without a "
+        "reference file falls back to the card with a warning). The LLM judge is unaffected.",
+    )
     use_cpu: bool = Field(default=True, description="Train on CPU (no bf16).")
     rollout_dialogues: int = Field(default=1, description="Stage 2 dialogues per mode.")
     agent_turns: int = Field(default=2, description="Agent turns per dialogue.")
@@ -219,6 +247,25 @@ class LineageSettings(dg.ConfigurableResource):
         if self.novelty_reward_weight > 0 and self.group_history_turns == 0:
             raise ValueError("novelty_reward_weight > 0 needs group_history_turns > 0: without "
                              "earlier agent turns in the prompts there is nothing to be novel to")
+        return self
+
+    @field_validator("train_persona_sets")
+    @classmethod
+    def _all_alone(cls, v: list[str]) -> list[str]:
+        if "all" in v and v != ["all"]:
+            raise ValueError(f"train_persona_sets {v}: 'all' stands alone (every set), or name "
+                             "the sets")
+        return v
+
+    @model_validator(mode="after")
+    def _exemplars_need_a_reward_share(self) -> LineageSettings:
+        exemplars = ("card", "references")  # lib.judges.exemplars.EXEMPLARS
+        if self.persona_exemplars not in exemplars:
+            raise ValueError(f"persona_exemplars {self.persona_exemplars!r}: one of {exemplars}")
+        if self.persona_exemplars == "references" and self.reward_reference_share <= 0:
+            raise ValueError("persona_exemplars='references' needs reward_reference_share > 0: "
+                             "with 0 every reference utterance is the readers' and none the "
+                             "reward's")
         return self
 
     @field_validator("gate_criteria")

@@ -80,6 +80,19 @@ class MLflowResource(dg.ConfigurableResource):
         self.configure()
         return tracking.experiment(name)
 
+    @staticmethod
+    def run_name(subject: str, method: str = "", *, lora_r: int | None = None,
+                 steps: int | None = None, extra: Sequence[str] = (), base: str = "") -> str:
+        """What trained, how and how much, e.g. "anchor · GRPO LoRA r8 · 20 steps · SmolLM2-135M"
+        (`lib.storage.tracking.run_name`); find runs by their tags, not by this name."""
+        return tracking.run_name(subject, method, lora_r=lora_r, steps=steps, extra=extra,
+                                 base=base)
+
+    @staticmethod
+    def training_note(steps: int) -> str:
+        """A training run's description (`lib.storage.tracking.training_note`)."""
+        return tracking.training_note(steps)
+
     @contextmanager
     def start_run(
         self,
@@ -87,10 +100,11 @@ class MLflowResource(dg.ConfigurableResource):
         run_name: str | None = None,
         tags: Mapping[str, str] | None = None,
         nested: bool = False,
+        description: str = "",
     ) -> Iterator[Any]:
         self.configure()
         with tracking.start_run(experiment, run_name, {**self._run_tags, **(tags or {})},
-                                nested=nested) as run:
+                                nested=nested, description=description) as run:
             yield run
 
     def log_params(self, params: Mapping[str, Any]) -> None:

@@ -6,6 +6,8 @@ sets are `support` and `workplace`; `MASCOT_PERSONAS_DIR` (`mascot demo --person
 them with every *.yaml set of DIR. Validation errors name the file, the persona and the field.
 Modes: a set named `workplace` speaks in meetings, the trained set (`trained_set`) in support
 contexts; a folder without a `workplace` set lets the trained set speak in meetings too.
+Stage 1 aligns `trained_sets` (the setting `train_persona_sets`: one set, named sets or every
+set), each in the mode it speaks in (`set_mode`).
 """
 
 from __future__ import annotations
@@ -50,6 +52,34 @@ def mode_sets(cards: list[PersonaCard], configured: str = "support") -> dict[str
     support = trained_set(cards, configured) if configured != "workplace" else (
         "support" if "support" in sets else trained_set(cards, "support"))
     return {"support": support, "workplace": "workplace" if "workplace" in sets else support}
+
+
+ALL_SETS = "all"  # train_persona_sets=["all"]: every set of the persona folder
+
+
+def trained_sets(cards: list[PersonaCard], configured_sets: list[str] | tuple[str, ...] = (),
+                 configured: str = "support") -> list[str]:
+    """The sets Stage 1 aligns (the setting `train_persona_sets`): [] -> the one `trained_set`
+    (`configured` = train_persona_set); ["all"] -> every set of the folder in file order; names
+    -> those sets (a name the folder lacks is a PersonaFileError naming the folder's sets)."""
+    sets = list(dict.fromkeys(c.persona_set for c in cards))
+    if not configured_sets:
+        return [trained_set(cards, configured)]
+    if list(configured_sets) == [ALL_SETS]:
+        return sets
+    unknown = [s for s in configured_sets if s not in sets]
+    if unknown:
+        raise PersonaFileError(f"train_persona_sets: no persona set {', '.join(unknown)} in "
+                               f"{persona_dir()} (its sets: {', '.join(sets)}; or ['all'])")
+    return list(dict.fromkeys(configured_sets))
+
+
+def set_mode(cards: list[PersonaCard], persona_set: str) -> str:
+    """The mode a set speaks in: "meeting" for the set `mode_sets` gives the workplace role
+    (unless it also has the support role), "support" for every other set."""
+    roles = mode_sets(cards)
+    return ("meeting" if persona_set == roles["workplace"] and persona_set != roles["support"]
+            else "support")
 
 
 class PersonaCard(BaseModel):

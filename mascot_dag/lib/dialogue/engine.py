@@ -168,6 +168,12 @@ def agent_messages(
     return ({"role": "system", "content": system}, {"role": "user", "content": user})
 
 
+def context_mode(context: Context) -> Literal["support", "meeting"]:
+    """The mode a context is spoken in: its source says (as `lib.dialogue.rollout.build_specs`
+    and a user's contexts file decide it): EmpatheticDialogues support, QMSum meeting."""
+    return "support" if context.source == "empatheticdialogues" else "meeting"
+
+
 def opening_history(context: Context, mode: Literal["support", "meeting"]) -> list[dict]:
     """The transcript before the first agent turn: the context's opening (see `_opening`)."""
     speaker, text = _opening_of(context, mode)
@@ -179,11 +185,12 @@ def opening_agent_messages(
     context: Context,
     roster: list[PersonaCard],
     prompt_style: str,
-    mode: Literal["support", "meeting"] = "support",
+    mode: Literal["support", "meeting"] | None = None,
 ) -> list[Message]:
     """The first agent request of a dialogue on `context`, without a directive: the prompt Stage 1
-    samples candidates on, trains the adapters on and probes them on."""
-    history = opening_history(context, mode)
+    samples candidates on, trains the adapters on and probes them on (`mode` None: the
+    context's own, `context_mode`, so a workplace persona trains on the meeting's opening)."""
+    history = opening_history(context, mode or context_mode(context))
     return list(agent_messages(card, context, history, roster, prompt_style))
 
 

@@ -20,9 +20,7 @@ from typing import Any
 import polars as pl
 
 from mascot_dag.lib.evaluation.stats import MIN_CLUSTERS_FOR_SIGNIFICANCE
-
-# A GRPO run this short is a smoke test: its reward curve is noise around the start.
-SMOKE_TEST_STEPS = 20
+from mascot_dag.lib.training.common import SMOKE_TEST_STEPS
 
 
 @dataclass

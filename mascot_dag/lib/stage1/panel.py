@@ -212,6 +212,31 @@ def roster_panel(query, personas: Sequence[str], persona_set: str, min_contexts:
     return RosterPanel(summary, verdict, agreement, accuracies, versions, people, raters)
 
 
+def sets_verdict(verdicts: dict[str, PanelVerdict]) -> PanelVerdict:
+    """The verdicts of several trained persona sets ({set: verdict}, each its own roster's) as
+    one: it passes only when every set's passes; its figures are the most conservative set's
+    (a failing one first, then the lowest CI bound), its description names every set's. One
+    set: its verdict unchanged."""
+    if not verdicts:
+        raise ValueError("no persona set was probed")
+    if len(verdicts) == 1:
+        return next(iter(verdicts.values()))
+
+    def rank(item: tuple[str, PanelVerdict]) -> tuple[bool, float]:
+        v = item[1]
+        return v.passed, v.lo if v.lo == v.lo else -math.inf
+
+    name, worst = min(verdicts.items(), key=rank)
+    return dataclasses.replace(
+        worst, passed=all(v.passed for v in verdicts.values()),
+        reader=f"{name}: {worst.reader}",
+        established=tuple(p for v in verdicts.values() for p in v.established),
+        worse=tuple(p for v in verdicts.values() for p in v.worse),
+        invalid=tuple(sorted({f"{s}/{r}" for s, v in verdicts.items() for r in v.invalid})),
+        per_reader={f"{s}/{r}": rv for s, v in verdicts.items() for r, rv in v.per_reader.items()},
+        description="; ".join(f"{s} roster: {v.description}" for s, v in verdicts.items()))
+
+
 def panel_text(result: RosterPanel, arm: str, persona_set: str) -> str:
     """`mascot probe`'s report of one roster: a row per reader and format (accuracy, whether it
     counts, pooled gain with CI and n, each persona's gain), the embedded judge's measures, the

@@ -13,7 +13,8 @@ trained and evaluated on) and `chat` (the persona's system prompt and the user's
 Measures per unit (base and adapter):
 - identifiable: a reader names the intended persona (0/1), once per reader of the panel
   (`lib.stage1.readers`; the verdict rule is `lib.stage1.panel`). The readers learn from
-  reference utterances written for the probe, never from the cards or the judge's centroids.
+  reference utterances written for the probe, never from the cards or the judge's centroids
+  (with a reward_reference_share, only from the readers' share: `readers.split_references`).
 - consistency, relevance: the embedded judge's scores (1-5), reported beside the classifier
   because they ARE close to the training signal (a gain there alone proves little);
 - copied: the reply shares a content 4-gram with its persona card (keyword stuffing);
@@ -173,12 +174,16 @@ def reader_summary(texts: pl.DataFrame, readings: pl.DataFrame, seed: int = 0) -
 def probe_messages(card, context, roster, prompt_style: str, fmt: str) -> tuple:
     """The request of one probe unit in a format (module doc)."""
     from mascot_dag.lib.data.personas import system_prompt
-    from mascot_dag.lib.dialogue.engine import opening_agent_messages, opening_history
+    from mascot_dag.lib.dialogue.engine import (
+        context_mode,
+        opening_agent_messages,
+        opening_history,
+    )
 
     if fmt == "training":
         return tuple(opening_agent_messages(card, context, roster, prompt_style))
-    if fmt == "chat":
-        said = opening_history(context, "support")[0]["text"]
+    if fmt == "chat":  # the opening the context's mode gives (a meeting: the moderator's query)
+        said = opening_history(context, context_mode(context))[0]["text"]
         return ({"role": "system", "content": system_prompt(card, prompt_style, roster)},
                 {"role": "user", "content": said})
     raise ValueError(f"unknown probe format {fmt!r}; known: {FORMATS}")

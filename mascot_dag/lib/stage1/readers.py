@@ -10,19 +10,27 @@ Readers, each fitted on the persona set's reference utterances (`personas/probe/
 written for the probe, never a prompt or a training target):
 - lexical: TF-IDF word (1-2) and character (3-5) n-grams + logistic regression;
 - semantic: all-MiniLM-L6-v2 sentence embeddings of the REFERENCE utterances + logistic
-  regression. The embedded judge also uses MiniLM, but as similarity to the persona CARDS; this
-  reader never sees a card or the judge's centroids, so a reward that pulls texts toward a card
-  does not buy it;
+  regression. The embedded judge also uses MiniLM, but as similarity to persona centroids of
+  the CARDS (and, with persona_exemplars="references", of the references' reward share); this
+  reader never sees a card, the judge's centroids or a reward-share text, so a reward that pulls
+  texts toward them does not buy it;
 - judge: an LLM names the persona from the roster's short descriptions, blind to the intended
   one (profiles with an LLM judge). It is not fitted.
 
 A reader's validity is its accuracy on reference utterances it did not learn from (5-fold for
 fitted readers, all of them for the judge); below `MIN_READER_ACCURACY` it does not count.
+
+The reward may learn from the references too (`persona_exemplars="references"`: the embedded
+judge's persona centroids average a share of them), but never from what a reader learns from:
+`split_references` cuts each persona's references into a reward share and a reader share, the
+judge reads only the first and the readers only the second (`reward_reference_share`; 0, the
+default, gives the readers every reference and the judge none).
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -79,6 +87,50 @@ def load_reference_utterances(
     return out
 
 
+def _rank(text: str) -> str:
+    """A text's place in the split order: a stable hash of the text alone (not of its position
+    in the file, nor of Python's per-process hash seed)."""
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def split_references(utterances: dict[str, list[str]], share: float
+                     ) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
+    """(reward share, reader share) of a set's reference utterances, per persona.
+
+    Per persona, the round(share * n) distinct texts first in the order of a stable hash of the
+    text go to the reward (at least one when share > 0, never all of them); the readers get the
+    rest, in file order, less every text that the reward has under ANY persona. Disjoint by
+    construction, the same on every machine and run, and independent of the file's order. The
+    judge (`EmbeddedJudge`, persona_exemplars="references") reads only the first, the probe's
+    fitted readers (`fitted_panel`) only the second. share 0: no reward share, the readers get
+    every reference exactly as listed (the behaviour before the split existed)."""
+    if not 0.0 <= share < 1.0:
+        raise ValueError(f"reward_reference_share {share}: must be in [0, 1)")
+    if share == 0.0:
+        return {pid: [] for pid in utterances}, {pid: list(ts) for pid, ts in utterances.items()}
+    reward: dict[str, list[str]] = {}
+    for pid, texts in utterances.items():
+        unique = list(dict.fromkeys(texts))
+        k = min(len(unique) - 1, max(1, round(share * len(unique))))
+        chosen = set(sorted(unique, key=_rank)[:k])
+        reward[pid] = [t for t in unique if t in chosen]
+    taken = {t for ts in reward.values() for t in ts}
+    readers = {pid: [t for t in texts if t not in taken] for pid, texts in utterances.items()}
+    return reward, readers
+
+
+def reward_references(persona_set: str, share: float) -> dict[str, list[str]]:
+    """The reward share of a set's references (`split_references`); NoReferenceUtterances when
+    the set has no reference file."""
+    return split_references(load_reference_utterances(persona_set), share)[0]
+
+
+def reader_references(persona_set: str, share: float = 0.0) -> dict[str, list[str]]:
+    """The reader share of a set's references (`split_references`): what the probe's readers are
+    fitted and validated on."""
+    return split_references(load_reference_utterances(persona_set), share)[1]
+
+
 class Reader(Protocol):
     name: str
 
@@ -105,6 +157,7 @@ class LexicalReader:
 
         texts, labels = _labelled(utterances)
         self.labels = sorted(set(labels))
+        self.trained_on = tuple(texts)  # what it learned from (never a reward share text)
         # Words catch what a persona does ("what if", "step", "proud"); characters catch style
         # without depending on the exact word forms a small model produces.
         features = make_union(
@@ -129,7 +182,7 @@ def embed(texts: Sequence[str]) -> np.ndarray:
         return np.zeros((0, 384), dtype=np.float32)
     missing = [t for t in dict.fromkeys(texts) if t not in _CACHED]
     if missing:
-        from mascot_dag.lib.judges.embedded import minilm  # the judge's copy: one per process
+        from mascot_dag.lib.judges.minilm import minilm  # the judge's copy: one per process
 
         vectors = np.asarray(minilm().encode(missing, batch_size=64, normalize_embeddings=True,
                                               show_progress_bar=False), dtype=np.float32)
@@ -149,6 +202,7 @@ class SemanticReader:
 
         texts, labels = _labelled(utterances)
         self.labels = sorted(set(labels))
+        self.trained_on = tuple(texts)  # what it learned from (never a reward share text)
         # scikit-learn's default regularisation: on the support references (5-fold) C=1 gave
         # 77.5%, C=4 75%, C=16 76%: the choice matters little, so the default stays
         self.model = LogisticRegression(max_iter=2000, random_state=seed)
@@ -246,19 +300,23 @@ def cohen_kappa(a: Sequence[str | None], b: Sequence[str | None]) -> float:
 
 
 @functools.lru_cache(maxsize=4)
-def fitted_panel(persona_set: str, seed: int = 0) -> tuple[tuple[Reader, float], ...]:
+def fitted_panel(persona_set: str, seed: int = 0, reference_share: float = 0.0
+                 ) -> tuple[tuple[Reader, float], ...]:
     """The fitted readers of a persona set with their cross-validated accuracies, once per
-    process (fitting is cheap, the MiniLM embeddings of the references are not)."""
-    utterances = load_reference_utterances(persona_set)
+    process (fitting is cheap, the MiniLM embeddings of the references are not). Fitted and
+    validated on the READER share of the references (`split_references` with
+    `reference_share` = reward_reference_share): never on a text the reward learns from."""
+    utterances = reader_references(persona_set, reference_share)
     return tuple(
         (make(utterances, seed=seed),
          cross_validated_accuracy(lambda u, make=make: make(u, seed=seed), utterances))
         for make in FITTED_READERS.values())
 
 
-def judge_panel_member(chat: Callable, descriptions: dict[str, str],
-                       persona_set: str) -> tuple[JudgeReader, float]:
-    """The judge reader with its accuracy on every reference utterance of the set."""
+def judge_panel_member(chat: Callable, descriptions: dict[str, str], persona_set: str,
+                       reference_share: float = 0.0) -> tuple[JudgeReader, float]:
+    """The judge reader with its accuracy on every reference utterance of the set's reader share
+    (all of them with reference_share 0), the texts the fitted readers are validated on."""
     reader = JudgeReader(chat, descriptions)
-    return reader, accuracy(reader, load_reference_utterances(persona_set))
+    return reader, accuracy(reader, reader_references(persona_set, reference_share))
 

@@ -64,19 +64,66 @@ def _experiment_id(name: str) -> str:
                                     tags={EXPERIMENT_KIND_TAG: kind})
 
 
+RUN_NAME_SEPARATOR = " · "
+
+
+def model_short_name(model: str) -> str:
+    """A base model's short name: the last part of a hub id, a folder or `embedded:<name>`
+    ("HuggingFaceTB/SmolLM2-135M-Instruct" -> "SmolLM2-135M-Instruct")."""
+    return model.rstrip("/").rsplit("/", 1)[-1].rsplit(":", 1)[-1]
+
+
+def run_name(
+    subject: str,
+    method: str = "",
+    *,
+    lora_r: int | None = None,
+    steps: int | None = None,
+    extra: Sequence[str] = (),
+    base: str = "",
+) -> str:
+    """The MLflow run name that says what trained, how, how much and from which base model:
+    `subject · method LoRA r<r> · <steps> steps · extra... · <base's short name>`, parts that are
+    not given left out; e.g. `run_name("anchor", "GRPO", lora_r=8, steps=20,
+    base="HuggingFaceTB/SmolLM2-135M-Instruct")` is "anchor · GRPO LoRA r8 · 20 steps ·
+    SmolLM2-135M-Instruct". A name is for people reading the MLflow UI; code finds runs by their
+    tags (`asset`, `persona`), never by name."""
+    how = " ".join(p for p in (method, f"LoRA r{lora_r}" if lora_r is not None else "") if p)
+    amount = f"{steps} step{'' if steps == 1 else 's'}" if steps is not None else ""
+    parts = (subject, how, amount, *extra, model_short_name(base) if base else "")
+    return RUN_NAME_SEPARATOR.join(p for p in parts if p)
+
+
+def training_note(steps: int) -> str:
+    """The run description (MLflow's "Description") of a training run of `steps` optimizer
+    steps: below SMOKE_TEST_STEPS it says that the run is a smoke test."""
+    from mascot_dag.lib.training.common import SMOKE_TEST_STEPS
+
+    if steps >= SMOKE_TEST_STEPS:
+        return f"{steps} optimizer steps, one point per step in each curve."
+    return (f"Smoke test: {steps} optimizer step{'' if steps == 1 else 's'} (fewer than "
+            f"{SMOKE_TEST_STEPS}). The curves show that training runs, not that it learned: at "
+            "this length they are noise around the start. Read curves of the study or paper "
+            "profile's sizes.")
+
+
 @contextmanager
 def start_run(
     experiment: str,
     run_name: str | None = None,
     tags: Mapping[str, str] | None = None,
     nested: bool = False,
+    description: str = "",
 ) -> Iterator[Any]:
-    """`with start_run("persona_alignment", "anchor-grpo", {"persona": "anchor"}) as run:`"""
+    """`description` is the run's "Description" in the MLflow UI (the mlflow.note.content tag).
+    `with start_run("persona_alignment", run_name("anchor", "GRPO", ...), {"persona": "anchor"})
+    as run:`"""
     import mlflow
 
     exp_id = _experiment_id(experiment)
+    tags = {**(tags or {}), **({"mlflow.note.content": description} if description else {})}
     with mlflow.start_run(
-        experiment_id=exp_id, run_name=run_name, tags=dict(tags or {}), nested=nested
+        experiment_id=exp_id, run_name=run_name, tags=tags, nested=nested
     ) as run:
         yield run
 

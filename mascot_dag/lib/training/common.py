@@ -12,6 +12,9 @@ from typing import Any
 from mascot_dag.lib.training.config import TrainSettings
 
 Curve = list[tuple[int, float]]
+# A run of fewer optimizer steps is a smoke test: its curves are noise around the start (the
+# MLflow run's description and the report's verdict say so).
+SMOKE_TEST_STEPS = 20
 
 
 def clean_messages(messages: Any, where: str) -> list[dict[str, str]]:

@@ -56,6 +56,17 @@ def _to_prompt_completion(examples: list[dict]) -> list[dict]:
     return rows
 
 
+def fitting_max_length(base_model: str, examples: list[dict], floor: int) -> int:
+    """A max_length (at least `floor`) that keeps every example whole: TRL truncates from the
+    end (keep_start is its only mode), so a prompt longer than max_length leaves no completion
+    to learn and the trainer finds no sample (a meeting's transcript alone is ~1000 tokens)."""
+    tokenizer = load_tokenizer(base_model)
+    longest = max((len(tokenizer(tokenizer.apply_chat_template(
+        r["prompt"] + r["completion"], tokenize=False))["input_ids"])
+        for r in _to_prompt_completion(examples)), default=0)
+    return max(floor, longest + 8)
+
+
 def train_sft_adapter(
     base_model: str,
     examples: list[dict],

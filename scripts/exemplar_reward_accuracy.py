@@ -1,0 +1,89 @@
+"""How well the embedded judge's consistency names the persona of HELD-OUT reference utterances,
+with persona centroids of the card ("card") and of the card's examples + the references' reward
+share ("references"): the AI feedback signal of issue 34 item 4, measured without training.
+
+Stand-in replies: the READER share of each persona's references (`split_references`), texts the
+"references" judge never learned from. Each is judged as every persona of its roster, with the
+utterance itself as the context (relevance gate 1: the consistency criterion is then the
+persona margin less the card-copy penalty). Pairwise accuracy of an utterance: the share of the
+other personas B whose consistency is below the true persona's (a tie counts half); top-1: the
+true persona has the highest consistency. The difference is paired by utterance, with a 95%
+bootstrap CI (10,000 resamples of utterances).
+
+    .venv/bin/python scripts/exemplar_reward_accuracy.py [--share 0.5] [--sets support workplace]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+
+from mascot_dag.lib.data.personas import load_personas, personas_of_set
+from mascot_dag.lib.judges import EmbeddedJudge, ResponseItem
+from mascot_dag.lib.stage1.readers import load_reference_utterances, split_references
+
+
+def consistency_table(judge: EmbeddedJudge, roster, utterances) -> np.ndarray:
+    """(n_utterances, n_personas) consistency (1-5) of each utterance judged as each persona."""
+    items = [ResponseItem(context_text=u, persona=c, roster=roster, response=u, history=[])
+             for u in utterances for c in roster]
+    scores = judge.score_responses(items)
+    cons = [next(s.score for s in row if s.criterion == "consistency") for row in scores]
+    return np.asarray(cons, dtype=float).reshape(len(utterances), len(roster))
+
+
+def accuracies(table: np.ndarray, truth: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per utterance: pairwise accuracy (ties half) and top-1 hit (ties to the lower index)."""
+    rows = np.arange(len(truth))
+    own = table[rows, truth][:, None]
+    others = np.ones_like(table, dtype=bool)
+    others[rows, truth] = False
+    wins = ((own > table) + 0.5 * (own == table)) * others
+    pairwise = wins.sum(axis=1) / others.sum(axis=1)
+    top1 = table.argmax(axis=1) == truth
+    return pairwise, top1.astype(float)
+
+
+def bootstrap(diff: np.ndarray, n: int = 10_000, seed: int = 0) -> tuple[float, float]:
+    rng = np.random.default_rng(seed)
+    means = diff[rng.integers(0, len(diff), (n, len(diff)))].mean(axis=1)
+    return float(np.quantile(means, 0.025)), float(np.quantile(means, 0.975))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--share", type=float, default=0.5)
+    ap.add_argument("--sets", nargs="+", default=["support", "workplace"])
+    args = ap.parse_args()
+    card_judge = EmbeddedJudge()
+    ref_judge = EmbeddedJudge(persona_exemplars="references", reward_reference_share=args.share)
+    print("| set | share | n (held-out utterances) | metric | card | references | "
+          "difference [95% CI] |")
+    print("|---|---|---|---|---|---|---|")
+    for pset in args.sets:
+        t0 = time.perf_counter()
+        roster = personas_of_set(load_personas(), pset)
+        ids = [c.persona_id for c in roster]
+        reward, held = split_references(load_reference_utterances(pset), args.share)
+        utts = [u for pid in ids for u in held[pid]]
+        truth = np.asarray([ids.index(pid) for pid in ids for _ in held[pid]])
+        assert not set(utts) & {t for ts in reward.values() for t in ts}
+        res = {}
+        for name, judge in (("card", card_judge), ("references", ref_judge)):
+            res[name] = accuracies(consistency_table(judge, roster, utts), truth)
+        for m, label in ((0, "pairwise accuracy"), (1, "top-1 accuracy")):
+            a, b = res["card"][m], res["references"][m]
+            lo, hi = bootstrap(b - a)
+            print(f"| {pset} | {args.share} | {len(utts)} | {label} | {a.mean():.3f} | "
+                  f"{b.mean():.3f} | {b.mean() - a.mean():+.3f} [{lo:+.3f}, {hi:+.3f}] |")
+        per = {pid: (res["card"][0][truth == i].mean(), res["references"][0][truth == i].mean())
+               for i, pid in enumerate(ids)}
+        print(f"<!-- {pset} per persona pairwise card->references: "
+              + ", ".join(f"{p} {c:.2f}->{r:.2f}" for p, (c, r) in per.items())
+              + f"; {time.perf_counter() - t0:.0f}s -->")
+
+
+if __name__ == "__main__":
+    main()
