@@ -256,8 +256,9 @@ def chat(
         None, help="Agents answering each of your messages (default: the profile's)."),
     web: bool = typer.Option(False, "--web", help="Serve a chat page on 127.0.0.1 instead."),
     port: int = typer.Option(8010, help="--web: port of the chat page."),
-    roster: str = typer.Option(None, help="Persona set that speaks (default: the support "
-                               "roster; --web: of a new conversation, the page can switch)."),
+    roster: str = typer.Option(None, help="Persona set of the persona folder that speaks "
+                               "(default: the support roster, or a user's trained set; --web: "
+                               "of a new conversation, the page can switch)."),
     models: str = typer.Option(None, help="champion | latest | base | an MLflow alias (default: "
                                "the champion, else the latest versions, labelled not promoted)."),
     seed: int = typer.Option(0, help="Seed of the conversation's sampling."),
@@ -288,14 +289,10 @@ def chat(
         from mascot_dag.web.chat import load_group, serve
         from mascot_dag.web.guard import checked_hosts
 
-        if (roster or "support") not in ("support", "workplace"):
-            typer.echo(f"--roster {roster!r}: expected support or workplace", err=True)
-            raise typer.Exit(2)
-        try:  # the page knows the packaged roster names only: a folder without them is refused
-            roster_of(roster or "support")
-        except ValueError as e:
-            typer.echo(f"{e}; the chat page serves sets named support and workplace: use the "
-                       "terminal chat (`mascot chat --roster NAME`) for other sets", err=True)
+        try:  # the page serves every set of the persona folder; checked before the model loads
+            roster_of(roster)
+        except ValueError as e:  # no such set, or a broken persona folder: one line
+            typer.echo(str(e), err=True)
             raise typer.Exit(2) from None
         hosts = checked_hosts(allow_host)  # before the model loads
         _check_port(port)
@@ -307,7 +304,7 @@ def chat(
                    if trained else "No trained versions in MLflow yet: base model with persona "
                    "prompts.")
         typer.echo(f"Chat page on http://127.0.0.1:{port}/ (Ctrl-C stops it)")
-        serve(port, group, roster or "support", hosts)
+        serve(port, group, roster, hosts)
         return
     try:
         terminal_chat(sys.stdin, typer.echo, roster, models, engine, profile, turns, seed,

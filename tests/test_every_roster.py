@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import q
 
 from mascot_dag.lib.data.personas import (
     PersonaFileError,
@@ -102,16 +103,6 @@ def _demo(home: Path, sets: list[str], *args: str, timeout: int = 1200):
                           env=env, capture_output=True, text=True, timeout=timeout, cwd=REPO)
 
 
-def _query(home: Path, sql: str) -> list[tuple]:
-    import duckdb
-
-    con = duckdb.connect(str(home / "mascot.duckdb"), read_only=True)
-    try:
-        return con.execute(sql).fetchall()
-    finally:
-        con.close()
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
 def test_a_workplace_adapter_trains_on_meeting_contexts(tmp_path):
@@ -123,17 +114,17 @@ def test_a_workplace_adapter_trains_on_meeting_contexts(tmp_path):
               "persona_reward_model", f"persona_adapters:{ONE}"]
     proc = _demo(home, ["workplace"], *(a for s in select for a in ("--select", s)))
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
-    sources = dict(_query(home, "SELECT c.persona_id, list(DISTINCT x.source) FROM candidates c "
+    sources = dict(q(home, "SELECT c.persona_id, list(DISTINCT x.source) FROM candidates c "
                                 "JOIN contexts x USING (context_id) GROUP BY 1"))
     assert set(sources) == set(WORKPLACE), sources  # the workplace roster, no support persona
     assert all(s == ["qmsum"] for s in sources.values()), sources  # meetings only
     # the cross-persona pool is the persona's own roster
-    judged = _query(home, "SELECT DISTINCT split_part(target_id, '|', 2) FROM judgments")
+    judged = q(home, "SELECT DISTINCT split_part(target_id, '|', 2) FROM judgments")
     assert {r[0] for r in judged} == set(WORKPLACE)
-    probed = _query(home, "SELECT DISTINCT p.persona_id, x.source FROM persona_probe p "
+    probed = q(home, "SELECT DISTINCT p.persona_id, x.source FROM persona_probe p "
                           "JOIN contexts x USING (context_id)")
     assert probed == [(ONE, "qmsum")], probed  # probed on held-out meetings
-    assert _query(home, "SELECT DISTINCT persona_set FROM probe_readers") == [("workplace",)]
+    assert q(home, "SELECT DISTINCT persona_set FROM probe_readers") == [("workplace",)]
     code = ("from mascot_dag.profiles import resources_for; from mascot_dag.registry import "
             f"persona_model; print(resources_for('tiny')['tracking'].latest_version("
             f"persona_model({ONE!r})))")

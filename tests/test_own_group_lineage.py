@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import q
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
 
@@ -48,16 +49,6 @@ def own(tmp_path_factory):
     return {"home": home, "env": {**env, "MASCOT_PERSONAS_DIR": str(EXAMPLE / "personas")}}
 
 
-def _query(home: Path, sql: str) -> list[tuple]:
-    import duckdb
-
-    con = duckdb.connect(str(home / "mascot.duckdb"), read_only=True)
-    try:
-        return con.execute(sql).fetchall()
-    finally:
-        con.close()
-
-
 def test_adapters_registered_for_the_custom_personas(own):
     code = ("import json; from mascot_dag.profiles import resources_for; from mascot_dag.registry "
             "import persona_model; t = resources_for('tiny')['tracking']; "
@@ -67,15 +58,15 @@ def test_adapters_registered_for_the_custom_personas(own):
     assert out.returncode == 0, out.stderr[-2000:]
     versions = json.loads(out.stdout.strip().splitlines()[-1])
     assert all(versions[p] for p in IDS), versions
-    rows = _query(own["home"], "SELECT persona_id, persona_set FROM personas ORDER BY 1")
+    rows = q(own["home"], "SELECT persona_id, persona_set FROM personas ORDER BY 1")
     assert rows == [("organiser", "study_group"), ("sceptic", "study_group"),
                     ("tutor", "study_group")]
-    n_user = _query(own["home"], "SELECT count(*) FROM contexts WHERE context_id LIKE 'user:%'")
+    n_user = q(own["home"], "SELECT count(*) FROM contexts WHERE context_id LIKE 'user:%'")
     assert n_user == [(20,)]
 
 
 def test_probe_and_report_show_the_custom_ids(own):
-    probed = {r[0] for r in _query(own["home"], "SELECT DISTINCT persona_id FROM persona_probe")}
+    probed = {r[0] for r in q(own["home"], "SELECT DISTINCT persona_id FROM persona_probe")}
     assert probed == set(IDS)
     proc = subprocess.run([MASCOT, "probe"], env=own["env"], capture_output=True, text=True,
                           timeout=300)

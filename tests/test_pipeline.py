@@ -10,7 +10,7 @@ from __future__ import annotations
 import dagster as dg
 import pytest
 
-from mascot_dag.assets.common import DUCKDB_POOL, SUPPORT_PERSONAS, method_partitions
+from mascot_dag.assets.common import DUCKDB_POOL, TRAINED_PERSONAS, method_partitions
 from mascot_dag.pipeline import (
     LineageWalk,
     asset_partitions,
@@ -52,9 +52,9 @@ def test_plan_runs_every_partition_once_after_its_parents(graph):
     assert len(judging) == 1, labels
     assert judging[0].assets == (K("candidate_responses"), K("persona_judgments"),
                                  K("persona_preference_pairs")), labels
-    assert judging[0].partition_keys == tuple(SUPPORT_PERSONAS), labels
+    assert judging[0].partition_keys == tuple(TRAINED_PERSONAS), labels
     assert not any(K("candidate_responses") in s.assets for s in steps if s is not judging[0])
-    personas = f"[{SUPPORT_PERSONAS[0]}..{SUPPORT_PERSONAS[-1]}]"
+    personas = f"[{TRAINED_PERSONAS[0]}..{TRAINED_PERSONAS[-1]}]"
     assert f"persona_adapters {personas}" in labels
     # every eval method is one run (eval_dialogues has a single-run backfill policy), as the
     # daemon backfills it
@@ -98,7 +98,7 @@ def _walk_with_failure(graph, failing: str):
 def test_failed_partition_skips_only_what_reads_it(graph):
     """Two adapters to redo with a gap between them are two runs: one fails, the other still
     runs, and what reads the failed one (the roster probe) is skipped."""
-    anchor, catalyst, beacon = SUPPORT_PERSONAS[:3]
+    anchor, catalyst, beacon = TRAINED_PERSONAS[:3]
     todo = {(K("persona_adapters"), anchor), (K("persona_adapters"), beacon),
             (K("persona_roster_probe"), None)}
     walk = LineageWalk(graph, todo)
@@ -116,8 +116,8 @@ def test_failed_partition_skips_only_what_reads_it(graph):
 def test_failed_adapters_run_skips_everything_below(graph):
     walk, ran = _walk_with_failure(graph, "persona_adapters")
     adapters = [s for s in ran if K("persona_adapters") in s.assets]
-    assert [s.partition_keys for s in adapters] == [tuple(SUPPORT_PERSONAS)]  # one run
-    assert walk.failed == {(K("persona_adapters"), p) for p in SUPPORT_PERSONAS}
+    assert [s.partition_keys for s in adapters] == [tuple(TRAINED_PERSONAS)]  # one run
+    assert walk.failed == {(K("persona_adapters"), p) for p in TRAINED_PERSONAS}
     skipped = {k.to_user_string() for k, _ in walk.skipped}
     assert {"group_rollouts", "director_adapter", "eval_dialogues", "eval_report"} <= skipped
     assert not any(K("eval_report") in s.assets for s in ran)
@@ -128,10 +128,10 @@ def test_failed_candidates_block_all_judging(graph):
     # Stage 1 data run, failed candidates leave no persona judged, and nothing below runs
     walk, ran = _walk_with_failure(graph, "candidate_responses")
     stage1 = [s for s in ran if K("candidate_responses") in s.assets]
-    assert [s.partition_keys for s in stage1] == [tuple(SUPPORT_PERSONAS)]
+    assert [s.partition_keys for s in stage1] == [tuple(TRAINED_PERSONAS)]
     judged = {p for k, p in walk.done if k == K("persona_judgments")}
     assert not judged, judged
-    assert {p for k, p in walk.skipped if k == K("persona_adapters")} == set(SUPPORT_PERSONAS)
+    assert {p for k, p in walk.skipped if k == K("persona_adapters")} == set(TRAINED_PERSONAS)
     assert not any(K("persona_reward_model") in s.assets for s in ran)
 
 

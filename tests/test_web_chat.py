@@ -8,7 +8,10 @@ place of the model, so that what the director "said" is known and the assertions
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
+import socket
 import subprocess
 import sys
 import threading
@@ -39,6 +42,8 @@ CARDS = load_personas()
 SUPPORT = personas_of_set(CARDS, "support")
 WORKPLACE = personas_of_set(CARDS, "workplace")
 ROSTERS = {"support": SUPPORT, "workplace": WORKPLACE}
+OWN_SETS = Path(__file__).resolve().parents[1] / "examples" / "own_group" / "personas"
+STUDY_GROUP = {"The Tutor", "The Sceptic", "The Organiser"}
 
 
 def _is_director(request: ChatRequest) -> bool:
@@ -160,28 +165,36 @@ def test_session_store_is_bounded_and_names_unknown_ids():
         store.create("family")
 
 
-@pytest.fixture
-def page_server():
-    """The real app over real HTTP (uvicorn in a thread) with the scripted model."""
+@contextlib.contextmanager
+def _serving(app):
+    """`app` over real HTTP on 127.0.0.1 (uvicorn in a thread); yields its base URL."""
     import uvicorn
 
-    model = Scripted('{"speaker": "anchor", "action": "reassure", "tone": "calm"}')
-    labels = {"anchor": "mascot-persona-anchor/3 (champion)"}
-    group = ChatGroup(ROSTERS, model, DialogueConfig(agents_per_round=1), labels)
     port = free_port()
     server = uvicorn.Server(
-        uvicorn.Config(create_app(group), host="127.0.0.1", port=port, log_level="warning")
+        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning")
     )
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 20
-    while not server.started:
-        assert time.monotonic() < deadline and thread.is_alive(), "uvicorn did not start"
-        time.sleep(0.05)
-    yield base
-    server.should_exit = True
-    thread.join(timeout=10)
+    try:
+        deadline = time.monotonic() + 20
+        while not server.started:
+            assert time.monotonic() < deadline and thread.is_alive(), "uvicorn did not start"
+            time.sleep(0.05)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+
+
+@pytest.fixture
+def page_server():
+    """The real app over real HTTP (uvicorn in a thread) with the scripted model."""
+    model = Scripted('{"speaker": "anchor", "action": "reassure", "tone": "calm"}')
+    labels = {"anchor": "mascot-persona-anchor/3 (champion)"}
+    group = ChatGroup(ROSTERS, model, DialogueConfig(agents_per_round=1), labels)
+    with _serving(create_app(group)) as base:
+        yield base
 
 
 def _field(html: str, name: str) -> str:
@@ -194,10 +207,16 @@ def _sid(html: str) -> str:
     return _field(html, "session_id")
 
 
+def _roster_choices(html: str) -> list[str]:
+    """The sets the page's "New conversation" form offers."""
+    return re.findall(r'<option value="([^"]*)"', html)
+
+
 def test_page_answers_and_refuses_bad_input_with_4xx(page_server):
     s = requests.Session()
     first = s.get(page_server + "/", timeout=10)
     assert first.status_code == 200 and "The Anchor" in first.text
+    assert _roster_choices(first.text) == ["support", "workplace"]  # the packaged sets
     assert _sid(first.text) == ""  # a GET opens no conversation (tests/test_web_security.py)
     token = _field(first.text, "csrf_token")  # the page's guard wants it back with every form
 
@@ -222,6 +241,7 @@ def test_page_answers_and_refuses_bad_input_with_4xx(page_server):
     assert unknown.status_code == 404 and "unknown chat session &#x27;nope&#x27;" in unknown.text
     bad_roster = requests.get(page_server + "/?roster=family", timeout=10)
     assert bad_roster.status_code == 400 and "unknown roster" in bad_roster.text
+    assert "choose one of: support, workplace" in bad_roster.text
     # a failing model is a 500 page for that message; the server keeps serving
     failed = post("/say", session_id=sid, message="boom")
     assert failed.status_code == 500 and "scripted model failure" in failed.text
@@ -229,6 +249,14 @@ def test_page_answers_and_refuses_bad_input_with_4xx(page_server):
     again = post("/new", roster="workplace")
     assert again.status_code == 200 and "The Facilitator" in again.text
     assert _sid(again.text) != sid and "I feel lost." not in again.text
+
+
+def test_packaged_group_keeps_its_two_rosters_and_modes():
+    group = ChatGroup(ROSTERS, Scripted("{}"), DialogueConfig())
+    assert group.modes == {"support": "support", "workplace": "meeting"}
+    assert group.default_roster == "support"
+    with pytest.raises(ChatInputError, match="choose one of: support, workplace$"):
+        create_app(group, default_roster="family")
 
 
 def test_render_escapes_what_users_and_models_wrote():
@@ -366,3 +394,70 @@ def test_champion_versions_speak_and_are_labelled(home, base_model_path, request
     assert agent.model == f"{persona_model(agent.speaker)}/1 (champion)"
     # the directive schema (on by default) makes even the base director's first answer valid
     assert agent.director_status == "ok"
+
+
+# --- a user's persona folder (issue 31) --------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_page_serves_the_sets_of_the_users_persona_folder(home, base_model_path, monkeypatch):
+    """MASCOT_PERSONAS_DIR with one set, study_group: the page offers exactly that set, a message
+    gets a reply from one of its personas on the real tiny base model (no trained versions: the
+    base model with persona prompts), and an unknown roster is one line naming study_group."""
+    from mascot_dag.web.chat import load_group
+
+    monkeypatch.setenv("MASCOT_PERSONAS_DIR", str(OWN_SETS))  # read when the group loads
+    group = load_group("base", max_new_tokens=12, agents_per_round=1, engine="transformers")
+    assert list(group.rosters) == ["study_group"] and group.modes == {"study_group": "support"}
+    assert group.default_roster == "study_group"
+    assert {c.name for c in group.rosters["study_group"]} == STUDY_GROUP
+    with _serving(create_app(group)) as base:
+        s = requests.Session()
+        first = s.get(base + "/", timeout=10)
+        assert first.status_code == 200
+        assert _roster_choices(first.text) == ["study_group"]
+        assert "Roster <b>study_group</b>" in first.text and "The Tutor" in first.text
+        token = _field(first.text, "csrf_token")
+        assert _field(first.text, "roster") == "study_group"  # the first message opens it there
+
+        said = s.post(base + "/say", timeout=180, data={
+            "session_id": "", "roster": "study_group", "csrf_token": token,
+            "message": "I have an exam on Friday and have not started revising."})
+        assert said.status_code == 200 and said.history[0].status_code == 303, said.text[-2000:]
+        speakers = re.findall(r'class="persona">([^<]*)<', said.text)
+        models = re.findall(r'class="model">([^<]*)<', said.text)
+        assert len(speakers) == 1 and speakers[0] in STUDY_GROUP, speakers
+        assert models == [BASE_LABEL]
+        reply = re.search(r'<p class="text">(.*?)</p>', said.text, re.S)
+        assert reply and reply.group(1).strip(), said.text[-2000:]
+
+        for name, bad in (
+            ("support", s.get(base + "/?roster=support", timeout=10)),  # a packaged set
+            ("nosuch", s.post(base + "/new", data={"roster": "nosuch", "csrf_token": token},
+                              timeout=10)),
+        ):
+            assert bad.status_code == 400
+            errors = re.findall(r'<p class="error" role="alert">([^<]*)</p>', bad.text)
+            assert errors == [f"unknown roster &#x27;{name}&#x27;; choose one of: study_group"]
+    with pytest.raises(ChatInputError, match="unknown roster 'workplace'; choose one of: "
+                       "study_group$"):
+        create_app(group, default_roster="workplace")
+
+
+def test_web_chat_refuses_a_roster_the_persona_folder_lacks(home, tmp_path):
+    """`mascot chat --web --roster nosuch` with the user's folder: one line on stderr naming the
+    folder's sets, a non-zero exit, and no server started (nothing listens on the port)."""
+    port = free_port()
+    env = {**os.environ, "MASCOT_HOME": str(home), "HF_HUB_OFFLINE": "1",
+           "MASCOT_PERSONAS_DIR": str(OWN_SETS)}
+    proc = subprocess.run(
+        [str(MASCOT), "chat", "--web", "--roster", "nosuch", "--port", str(port)],
+        env=env, capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
+    err = proc.stderr.strip()
+    assert proc.returncode != 0, proc
+    assert "Traceback" not in err and "╭" not in err, err
+    assert len(err.splitlines()) == 1, err
+    assert "--roster 'nosuch'" in err and "study_group" in err, err
+    assert "Chat page on" not in proc.stdout
+    with socket.socket() as probe:
+        assert probe.connect_ex(("127.0.0.1", port)) != 0  # nothing was started there

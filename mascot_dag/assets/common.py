@@ -47,7 +47,6 @@ def _profile_rosters(cards) -> dict[str, list[str]]:
 _CARDS = load_personas()
 TRAINED_ROSTERS = _profile_rosters(_CARDS)
 TRAINED_PERSONAS = [p for ids in TRAINED_ROSTERS.values() for p in ids]
-SUPPORT_PERSONAS = TRAINED_PERSONAS  # the earlier name (one trained set: the support set)
 persona_partitions = dg.StaticPartitionsDefinition(TRAINED_PERSONAS)
 # The MLflow experiment of every Stage 1 model (pi_SFT, reward model, adapters, probe).
 STAGE1_EXPERIMENT = "stage1_persona_alignment"

@@ -5,6 +5,8 @@ few lines of vanilla JS only to disable the button while the group answers. Each
 the persona, the director's directive (action and tone only when the director's JSON was valid;
 else its status), the model version that spoke, and the reply guards' work (resamples, what was
 cleaned: `lib.dialogue.guards`). A note says what the embedded 135M model can and cannot do.
+The page serves every persona set of the persona folder (the packaged support and workplace
+sets, or a user's `MASCOT_PERSONAS_DIR`), each in its mode (`lib.data.personas.set_mode`).
 
 Every request passes `web.guard` first (Host names, same-origin POSTs, the form token). A GET
 never opens a conversation: the first message (POST /say without a session id) or the "Start"
@@ -33,13 +35,12 @@ from fastapi import FastAPI, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse
 
-from mascot_dag.lib.data.personas import PersonaCard
+from mascot_dag.lib.data.personas import PersonaCard, mode_sets, set_mode
 from mascot_dag.lib.dialogue.chat import (
     IDLE_S,
     MAX_MESSAGE_CHARS,
     MAX_USER_MESSAGES,
     MODEL_NOTE,
-    ROSTER_MODES,
     ChatInputError,
     ChatSession,
     Conversation,
@@ -61,21 +62,36 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class ChatGroup:
-    """What every conversation shares: the rosters, the model and which versions speak."""
+    """What every conversation shares: the rosters, the model and which versions speak.
+    `modes`: roster set -> support | meeting; a set left out speaks in the mode `set_mode` gives
+    it among the rosters' cards (the workplace set in meetings, every other set in support)."""
 
-    rosters: dict[str, list[PersonaCard]]  # roster set -> cards
+    rosters: dict[str, list[PersonaCard]]  # roster set -> cards, in the folder's order
     generate: ChatFn
     config: DialogueConfig
     labels: dict[str, str] = field(default_factory=dict)  # persona_id -> version_label
     director_label: str = "base director"
+    modes: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        cards = [c for cs in self.rosters.values() for c in cs]
+        self.modes = {s: self.modes.get(s) or set_mode(cards, s) for s in self.rosters}
+
+    @property
+    def default_roster(self) -> str:
+        """The set in the support role (`mode_sets`): `support`, or a user's trained set."""
+        return mode_sets([c for cs in self.rosters.values() for c in cs])["support"]
 
     def session(self, roster_set: str, seed: int) -> ChatSession:
+        """A new conversation with `roster_set`; a ChatInputError naming the sets when the group
+        has no such roster."""
+        check_roster(roster_set, self.rosters)
         return ChatSession(
             self.rosters[roster_set],
             self.generate,
             self.config,
             seed,
-            ROSTER_MODES[roster_set],
+            self.modes[roster_set],  # support | meeting (set_mode)
             self.labels,
         )
 
@@ -88,15 +104,19 @@ def load_group(
     engine: str | None = None,
     profile: str | None = None,
 ) -> ChatGroup:
-    """Both rosters with the `alias` versions from MLflow (base + persona prompts where a persona
-    has none), as the profile's evaluation runs them (`mascot_dag.companions`); None options keep
-    the profile's settings, `engine` runs the profile's model on another local engine."""
+    """Every persona set of the persona folder (`persona_dir()`: the packaged support and
+    workplace sets, or MASCOT_PERSONAS_DIR's), each in its mode (`set_mode`), with the `alias`
+    versions from MLflow (base + persona prompts where a persona has none), as the profile's
+    evaluation runs them (`mascot_dag.companions`); None options keep the profile's settings,
+    `engine` runs the profile's model on another local engine."""
     from mascot_dag.companions import load_companions
     from mascot_dag.lib.data.personas import load_personas, personas_of_set
     from mascot_dag.registry import DIRECTOR_MODEL, persona_model
 
     cards = load_personas()
-    rosters = {s: personas_of_set(cards, s) for s in ROSTER_MODES}
+    sets = dict.fromkeys(c.persona_set for c in cards)  # file order
+    rosters = {s: personas_of_set(cards, s) for s in sets}
+    modes = {s: set_mode(cards, s) for s in sets}
     ids = [c.persona_id for cs in rosters.values() for c in cs]
     group = load_companions(ids, alias, engine, profile, max_new_tokens_agent=max_new_tokens,
                             agents_per_round=agents_per_round,
@@ -105,7 +125,7 @@ def load_group(
     director_label = (version_label(DIRECTOR_MODEL, group.director_version, alias)
                       if group.director_version else "base director")
     group.chat.backend()  # load the model now, not on the first message
-    return ChatGroup(rosters, group.chat.generate, group.config, labels, director_label)
+    return ChatGroup(rosters, group.chat.generate, group.config, labels, director_label, modes)
 
 
 class _Page(Exception):
@@ -128,13 +148,15 @@ class _Page(Exception):
 def create_app(
     group: ChatGroup,
     max_sessions: int = 64,
-    default_roster: str = "support",
+    default_roster: str | None = None,
     allowed_hosts: Iterable[str] = (),
     idle_s: float = IDLE_S,
     clock: Callable[[], float] = time.monotonic,
 ) -> Any:
-    """The page's app; `allowed_hosts`: Host names beyond loopback (`web.guard`)."""
-    check_roster(default_roster)
+    """The page's app; `default_roster`: the set a new conversation speaks with (None: the
+    group's support-role set); `allowed_hosts`: Host names beyond loopback (`web.guard`)."""
+    default_roster = default_roster or group.default_roster
+    check_roster(default_roster, group.rosters)
     store = IdleSessions(group.session, max_sessions, idle_s, clock)
     model_lock = threading.Lock()
     app = FastAPI(title="MASCOT chat", docs_url=None, redoc_url=None)
@@ -182,7 +204,7 @@ def create_app(
         # store); the first message or the "Start" form opens one.
         if roster:
             try:
-                check_roster(roster)
+                check_roster(roster, group.rosters)
             except ChatInputError as exc:
                 raise _Page(exc.status, str(exc)) from exc
         sid = request.cookies.get(COOKIE)
@@ -264,10 +286,11 @@ def render(
     error: str = "",
     draft: str = "",
     token: str = "",
-    roster: str = "support",
+    roster: str | None = None,
 ) -> str:
-    """The page; without a conversation its message box opens one in `roster`. `token` is the
-    guard's form token: every form carries it, or the guard refuses the POST."""
+    """The page; without a conversation its message box opens one in `roster` (None: the
+    group's default roster). `token` is the guard's form token: every form carries it, or the
+    guard refuses the POST. The roster choice lists every set of the group."""
     e = html.escape
     rows = []
     for t in conv.session.log if conv else []:
@@ -291,11 +314,11 @@ def render(
             f'<small>model: <span class="model">{e(t.model or "")}</span>'
             f'<span class="details">{details}</span></small></div>'
         )
-    roster_set = conv.roster_set if conv else roster
+    roster_set = conv.roster_set if conv else (roster or group.default_roster)
     names = ", ".join(c.name for c in group.rosters.get(roster_set, []))
     options = "".join(
-        f'<option value="{s}"{" selected" if s == roster_set else ""}>{s}</option>'
-        for s in ROSTER_MODES
+        f'<option value="{e(s)}"{" selected" if s == roster_set else ""}>{e(s)}</option>'
+        for s in group.rosters
     )
     err = f'<p class="error" role="alert">{e(error)}</p>' if error else ""
     token_field = f'<input type="hidden" name="{guard.TOKEN_FIELD}" value="{e(token)}">'
@@ -332,10 +355,13 @@ if (f) f.addEventListener("submit", () => {{
 
 
 def serve(
-    port: int, group: ChatGroup, default_roster: str = "support", allowed_hosts: Iterable[str] = ()
+    port: int,
+    group: ChatGroup,
+    default_roster: str | None = None,
+    allowed_hosts: Iterable[str] = (),
 ) -> None:
     """Serve the chat page on 127.0.0.1:port until interrupted (no accounts: `web.guard` keeps
-    other sites and other Host names out)."""
+    other sites and other Host names out); `default_roster` None: the support-role set."""
     import uvicorn
 
     uvicorn.run(

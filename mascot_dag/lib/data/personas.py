@@ -47,7 +47,7 @@ def trained_set(cards: list[PersonaCard], configured: str = "support") -> str:
 
 def mode_sets(cards: list[PersonaCard], configured: str = "support") -> dict[str, str]:
     """{"support": set, "workplace": set}: which set speaks in support contexts and which in
-    meetings (the keys are the roles the dialogue code reads: lib.dialogue.ROSTER_MODES)."""
+    meetings (the roles the dialogue and chat code read; a set's own mode: `set_mode`)."""
     sets = {c.persona_set for c in cards}
     support = trained_set(cards, configured) if configured != "workplace" else (
         "support" if "support" in sets else trained_set(cards, "support"))

@@ -3,7 +3,8 @@ the director picks which agent answers (and how), the agent answers with its ada
 `agents_per_round` agents.
 
 Reuses the dialogue engine's request builders so a chat turn is produced exactly like a
-support-mode turn in Stage 2 and evaluation (the workplace roster talks in meeting mode). What a
+support-mode turn in Stage 2 and evaluation (a set speaks in the mode
+`lib.data.personas.set_mode` gives it: the workplace roster in meetings). What a
 user reads then passes the chat's reply guards (`lib.dialogue.guards`: scaffolding, prompt
 echoes, repeats resampled with a new seed, sentence ends); only here, never in the evaluation.
 Also the page-independent parts of the web chat (`mascot_dag.web.chat`): message limits, the
@@ -18,7 +19,7 @@ import secrets
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -45,10 +46,6 @@ MODEL_NOTE = (
     "of an earlier turn, a tail cut at the token limit) is removed or resampled before you see "
     "it; a larger model (the paper profile) writes fluent turns."
 )
-ROSTER_MODES: dict[str, Literal["support", "meeting"]] = {
-    "support": "support",
-    "workplace": "meeting",
-}
 
 
 class ChatInputError(ValueError):
@@ -236,7 +233,8 @@ class IdleSessions:
         idle_s: float = IDLE_S,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        """`factory(roster_set, seed)` builds a new ChatSession; `clock` gives seconds."""
+        """`factory(roster_set, seed)` builds a new ChatSession (a ChatInputError for a roster it
+        does not serve: `check_roster`); `clock` gives seconds."""
         if max_sessions < 1:
             raise ValueError(f"max_sessions must be >= 1, got {max_sessions}")
         self.factory, self.max_sessions, self.idle_s, self.clock = (
@@ -245,7 +243,6 @@ class IdleSessions:
         self._lock = threading.Lock()
 
     def create(self, roster_set: str) -> tuple[str, Conversation]:
-        check_roster(roster_set)
         sid = secrets.token_urlsafe(16)
         conv = Conversation(self.factory(roster_set, secrets.randbelow(2**31)), roster_set)
         with self._lock:
@@ -276,9 +273,12 @@ class IdleSessions:
         return len(self._items)
 
 
-def check_roster(roster_set: str) -> None:
-    if roster_set not in ROSTER_MODES:
+def check_roster(roster_set: str, sets: Iterable[str]) -> None:
+    """A ChatInputError naming `sets` (the persona sets the chat serves) unless `roster_set` is
+    one of them."""
+    sets = list(sets)
+    if roster_set not in sets:
         raise ChatInputError(
-            f"unknown roster {roster_set!r:.40}; choose one of: {', '.join(ROSTER_MODES)}"
+            f"unknown roster {roster_set!r:.40}; choose one of: {', '.join(sets)}"
         )
 
