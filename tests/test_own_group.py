@@ -130,6 +130,32 @@ def test_contexts_file_formats(tmp_path, fmt):
     assert got["user:a3"].turns == [{"speaker": "me", "text": "I feel stuck."}]
 
 
+def test_your_domains_hold_out_and_group_the_report():
+    """A user's `domain` is a held-out domain like QMSum's (ood_domains may name it; an unknown
+    name is an error listing both), and the report's breakdown groups the user's contexts by it."""
+    from mascot_dag.lib.data.split import OOD_SPLIT, assign_split_ood, validate_ood
+    from mascot_dag.lib.evaluation.report_sections import context_groups
+
+    validate_ood([], ["exams"], {"exams", "essays"})
+    with pytest.raises(ValueError,
+                       match=r"unknown \['poetry'\].*your contexts \['essays', 'exams'\]"):
+        validate_ood([], ["poetry"], {"exams", "essays"})
+    with pytest.raises(ValueError, match="unknown"):
+        validate_ood([], ["exams"])  # no user contexts: QMSum domains only
+    # a support-mode user context (stored with the ED source, no valence) is held out by domain
+    held = assign_split_ood("user:a", "empatheticdialogues", None, None, "exams",
+                            ood_domains=["exams"])
+    kept = assign_split_ood("user:b", "empatheticdialogues", None, None, "essays",
+                            ood_domains=["exams"])
+    assert held == OOD_SPLIT and kept != OOD_SPLIT
+    per = pl.DataFrame({"context_id": ["user:a", "user:b", "ed:1"]})
+    ctx = pl.DataFrame({"context_id": ["user:a", "user:b", "ed:1"],
+                        "source": ["empatheticdialogues", "qmsum", "empatheticdialogues"],
+                        "valence": [None, None, "negative"], "domain": ["exams", None, None]})
+    assert context_groups(per, ctx).to_list() == ["Yours exams", "Yours (no domain)",
+                                                 "ED negative"]
+
+
 def test_example_contexts_file():
     res = load_user_contexts(EXAMPLE / "contexts.csv")
     assert len(res.contexts) == 20 and {c.split for c in res.contexts} == {"train", "eval"}

@@ -99,7 +99,8 @@ def contexts(
         if dupes:
             raise DataFileError(dupes)
     with input_errors_fail_at_once(ValueError):  # settings.ood_*: a setting, not a fault
-        validate_ood(settings.ood_valences, settings.ood_domains)
+        validate_ood(settings.ood_valences, settings.ood_domains,
+                     {c.domain.lower() for c in own if c.domain})
     fixed = {c.context_id: c.split for c in own if c.split}  # a user's row may name its split
     for c in items:
         c.split = fixed.get(c.context_id) or assign_split_ood(

@@ -32,23 +32,32 @@ IN_DOMAIN, OUT_OF_DOMAIN = "in_domain", "out_of_domain"
 QMSUM_DOMAINS = ("academic", "committee", "product")
 
 
-def validate_ood(ood_valences: list[str], ood_domains: list[str]) -> None:
-    """Raise when a held-out name is neither an ED valence / emotion label nor a QMSum domain."""
+def validate_ood(ood_valences: list[str], ood_domains: list[str],
+                 user_domains: set[str] | frozenset[str] = frozenset()) -> None:
+    """Raise when a held-out name is neither an ED valence / emotion label nor a QMSum domain
+    nor a `domain` of the user's contexts (`user_domains`, lower case)."""
     from mascot_dag.lib.data.valence import EMOTIONS, VALENCES
 
     bad = [v for v in ood_valences if v.strip().lower() not in (*VALENCES, *EMOTIONS)]
     if bad:
         raise ValueError(f"settings.ood_valences: unknown {bad}; use a valence {VALENCES} or one "
                          "of the 32 EmpatheticDialogues emotion labels")
-    bad = [d for d in ood_domains if d.strip().lower() not in QMSUM_DOMAINS]
+    known = (*QMSUM_DOMAINS, *sorted(user_domains))
+    bad = [d for d in ood_domains if d.strip().lower() not in known]
     if bad:
-        raise ValueError(f"settings.ood_domains: unknown {bad}; use QMSum domains {QMSUM_DOMAINS}")
+        yours = f" or a domain of your contexts {sorted(user_domains)}" if user_domains else ""
+        raise ValueError(f"settings.ood_domains: unknown {bad}; use QMSum domains "
+                         f"{QMSUM_DOMAINS}{yours}")
 
 
 def is_ood(source: str, valence: str | None, emotion: str | None, domain: str | None,
            ood_valences: list[str], ood_domains: list[str]) -> bool:
-    """Whether a context belongs to the held-out (OOD) condition."""
+    """Whether a context belongs to the held-out (OOD) condition: a held-out domain holds out
+    every context of that domain (QMSum's, or a user's context of any mode), a held-out valence
+    or emotion the ED contexts that have it."""
     held = {v.strip().lower() for v in ood_valences}
+    if domain and domain.lower() in {d.strip().lower() for d in ood_domains}:
+        return True
     if source == "empatheticdialogues":
         return bool(held & {(valence or "").lower(), (emotion or "").lower()} - {""})
     return (domain or "").lower() in {d.strip().lower() for d in ood_domains}

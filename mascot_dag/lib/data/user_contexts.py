@@ -33,6 +33,9 @@ from mascot_dag.lib.data.loading import (
 )
 from mascot_dag.lib.types import Context
 
+# A user's context ids: `user:<context_id>` (never clash with the datasets' ids).
+USER_CONTEXT_PREFIX = "user:"
+
 REQUIRED = ("context_id", "text")
 OPTIONAL = ("mode", "roster", "domain", "split", "history")
 MODES = {"support": "empatheticdialogues", "meeting": "qmsum"}
@@ -134,7 +137,7 @@ def _context(path: Path, where: str, row: dict, rosters: set[str] | None) -> Con
     # when no earlier turns are given
     turns = history or ([{"speaker": "speaker", "text": text}] if mode == "support" else [])
     return Context(
-        context_id=f"user:{cid}", source=MODES[mode], domain=domain.lower(),
+        context_id=f"{USER_CONTEXT_PREFIX}{cid}", source=MODES[mode], domain=domain.lower(),
         situation=text[:300], text=text, turns=turns,
         topic=text[:300] if mode == "meeting" else None,
         queries=[{"query": text, "answer": ""}] if mode == "meeting" else [],
@@ -179,7 +182,7 @@ def load_user_contexts(
             c = _context(path, where, row, rosters)
             if c.context_id in seen:
                 raise ValueError(f"field 'context_id': duplicate id "
-                                 f"{c.context_id.removeprefix('user:')!r} (first at "
+                                 f"{c.context_id.removeprefix(USER_CONTEXT_PREFIX)!r} (first at "
                                  f"{seen[c.context_id]})")
         except ValueError as exc:
             msg = f"{path}: {where}: {exc}"

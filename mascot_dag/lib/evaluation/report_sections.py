@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from mascot_dag.lib.data.user_contexts import USER_CONTEXT_PREFIX
 from mascot_dag.lib.evaluation.champion import pair_methods, with_context
 from mascot_dag.lib.evaluation.stats import paired_cluster_bootstrap, significance_mark
 
@@ -114,12 +115,15 @@ def paired_section(per: pl.DataFrame, methods: list[str], rubrics: dict[str, Ite
 
 
 def context_groups(per: pl.DataFrame, contexts: pl.DataFrame | None) -> pl.Series:
-    """Breakdown label per row of `per`: 'ED <valence>' or 'QMSum <domain>' (null if unknown)."""
+    """Breakdown label per row of `per`: 'ED <valence>', 'QMSum <domain>', or for the user's
+    contexts (ids `user:...`) 'Yours <domain>' (null if unknown)."""
     label: dict[str, str] = {}
     if contexts is not None:
         rows = contexts.iter_rows(named=True) if "context_id" in contexts.columns else []
         for r in rows:
-            if r.get("source") == "empatheticdialogues" and isinstance(r.get("valence"), str):
+            if str(r["context_id"]).startswith(USER_CONTEXT_PREFIX):
+                label[r["context_id"]] = f"Yours {r.get('domain') or '(no domain)'}"
+            elif r.get("source") == "empatheticdialogues" and isinstance(r.get("valence"), str):
                 label[r["context_id"]] = f"ED {r['valence']}"
             elif r.get("source") == "qmsum" and isinstance(r.get("domain"), str):
                 label[r["context_id"]] = f"QMSum {r['domain']}"
