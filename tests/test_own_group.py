@@ -5,6 +5,7 @@ the chat's choice of models. The whole tiny lineage on the example: test_own_gro
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -108,6 +109,25 @@ def test_missing_reference_utterances_say_na(tmp_path, monkeypatch):
     assert "anchor" in load_reference_utterances("support")
     monkeypatch.setenv("MASCOT_PERSONAS_DIR", str(EXAMPLE / "personas"))
     assert set(load_reference_utterances("study_group")) == {"tutor", "sceptic", "organiser"}
+
+
+def test_probe_command_says_na_for_a_set_without_references(tmp_path, home, monkeypatch):
+    """`mascot probe` on a home whose stored set has no reference utterances says n/a for it
+    (not only "no persona_probe rows")."""
+    from mascot_dag.lib.storage.tables import personas_frame
+    from mascot_dag.resources.store import DuckDBStore
+
+    folder = _folder(tmp_path, {"duo": [_card("a"), _card("b")]})
+    monkeypatch.setenv("MASCOT_PERSONAS_DIR", str(folder))
+    cards = load_personas(folder)
+    DuckDBStore(path=str(home / "mascot.duckdb")).replace(
+        "personas", personas_frame(cards, {c.persona_id: "test" for c in cards}))
+    proc = subprocess.run([str(Path(sys.executable).parent / "mascot"), "probe"],
+                          env={**os.environ, "MASCOT_HOME": str(home)}, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 2, proc
+    assert "duo roster: n/a: no reference utterances for duo" in proc.stdout, proc.stdout
+    assert proc.stderr.strip() == "no persona_probe rows: materialise persona_adapters"
 
 
 # --- contexts ------------------------------------------------------------------------------------
