@@ -369,8 +369,7 @@ def probe(arm: str = typer.Option("adapter", help="adapter | warm_start")) -> No
     (arm - base, context-clustered 95% CI), n, the reader's accuracy on held-out reference
     utterances and each persona's gain; the readers' agreement (Cohen's kappa); the verdict."""
     from mascot_dag.lib.evaluation.stats import MIN_CLUSTERS_FOR_SIGNIFICANCE
-    from mascot_dag.lib.stage1.panel import panel_text, roster_panel
-    from mascot_dag.lib.stage1.readers import NoReferenceUtterances, load_reference_utterances
+    from mascot_dag.lib.stage1.panel import panel_text, roster_panel, unreadable_sets
     from mascot_dag.lib.storage.home import Home
 
     path = Home.from_env().duckdb
@@ -379,14 +378,9 @@ def probe(arm: str = typer.Option("adapter", help="adapter | warm_start")) -> No
         raise typer.Exit(2)
     sets = _read_db(path, "SELECT DISTINCT c.persona_set, p.persona_id FROM persona_probe p "
                     "JOIN personas c USING (persona_id) ORDER BY 1, 2")
-    # a stored set without probe rows and without reference utterances: say so, never guess
-    unread = [s for s in _read_db(path, "SELECT DISTINCT persona_set FROM personas ORDER BY 1")
-              ["persona_set"].to_list() if s not in set(sets["persona_set"].to_list())]
-    for persona_set in unread:
-        try:
-            load_reference_utterances(persona_set)
-        except NoReferenceUtterances as e:
-            typer.echo(f"{persona_set} roster: {e}")
+    stored = _read_db(path, "SELECT DISTINCT persona_set FROM personas ORDER BY 1")
+    for line in unreadable_sets(stored["persona_set"].to_list(), sets["persona_set"].to_list()):
+        typer.echo(line)
     if sets.is_empty():
         typer.echo("no persona_probe rows: materialise persona_adapters", err=True)
         raise typer.Exit(2)

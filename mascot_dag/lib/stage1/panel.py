@@ -275,3 +275,18 @@ def panel_text(result: RosterPanel, arm: str, persona_set: str) -> str:
         *[f"  {c.describe()}" for c in result.people],
         f"  {result.raters.describe()}", "", f"verdict: {result.verdict.description}"])
 
+
+
+def unreadable_sets(stored: list[str], probed: list[str]) -> list[str]:
+    """`mascot probe`'s line for each stored persona set that has no probe rows because it has
+    no reference utterances ("SET roster: n/a: no reference utterances for SET ..."): said, never
+    guessed at. A set with references but no rows was not trained in this profile: no line."""
+    from mascot_dag.lib.stage1.readers import NoReferenceUtterances, load_reference_utterances
+
+    lines = []
+    for persona_set in dict.fromkeys(s for s in stored if s not in set(probed)):
+        try:
+            load_reference_utterances(persona_set)
+        except NoReferenceUtterances as e:
+            lines.append(f"{persona_set} roster: {e}")
+    return lines
