@@ -29,7 +29,9 @@ def test_split_is_disjoint_complete_and_deterministic(persona_set, share):
     assert not _texts(reward) & _texts(kept)  # never a text on both sides, under any persona
     assert _texts(reward) | _texts(kept) == _texts(refs)
     for pid, texts in refs.items():
-        assert 1 <= len(reward[pid]) < len(texts) and kept[pid]
+        assert 1 <= len(reward[pid]) < len(texts)
+        # the readers keep exactly the persona's texts that no reward share holds
+        assert kept[pid] == [t for t in texts if t not in _texts(reward)]
         assert len(reward[pid]) == round(share * len(set(texts)))
     # the same split on every call, and whatever the order of the file
     assert readers.split_references(refs, share) == (reward, kept)
@@ -121,7 +123,7 @@ def test_a_set_without_references_falls_back_to_the_card_with_a_warning(support)
     text = "That sounds really hard, and I am here with you."
     with pytest.warns(UserWarning, match="no reference utterances for no_such_set"):
         fell = _consistency(judge, lone, [(text, lone[0])])
-    assert "no_such_set" in judge.exemplar_notes
+    assert "no_such_set" in judge.exemplars.notes
     assert fell[0] == _consistency(EmbeddedJudge(), lone, [(text, lone[0])])[0]  # = card judge
     item = ResponseItem(context_text=text, persona=lone[0], roster=lone, response=text,
                         history=[])

@@ -259,9 +259,10 @@ class LineageSettings(dg.ConfigurableResource):
 
     @model_validator(mode="after")
     def _exemplars_need_a_reward_share(self) -> LineageSettings:
-        exemplars = ("card", "references")  # lib.judges.exemplars.EXEMPLARS
-        if self.persona_exemplars not in exemplars:
-            raise ValueError(f"persona_exemplars {self.persona_exemplars!r}: one of {exemplars}")
+        from mascot_dag.lib.judges.exemplars import EXEMPLARS
+
+        if self.persona_exemplars not in EXEMPLARS:
+            raise ValueError(f"persona_exemplars {self.persona_exemplars!r}: one of {EXEMPLARS}")
         if self.persona_exemplars == "references" and self.reward_reference_share <= 0:
             raise ValueError("persona_exemplars='references' needs reward_reference_share > 0: "
                              "with 0 every reference utterance is the readers' and none the "

@@ -18,7 +18,7 @@ and the persona's REWARD share of the set's reference utterances (`readers.split
 with `reward_reference_share`): how each persona talks, not only what its card says, still
 contrastive against the closest other persona of the roster. The probe's readers are fitted on
 the other share only, so the reward never learns from a text a reader learned from. A set
-without a reference file falls back to the card, with a warning (`exemplar_notes`). The copy
+without a reference file falls back to the card, with a warning (`exemplars.notes`). The copy
 penalty stays on the card's phrases. Only this judge reads the setting: an LLM judge (paper
 profile) judges from the card's text as before.
 """
@@ -89,13 +89,10 @@ class EmbeddedJudge:
         self.cache_size = cache_size
         # what the persona centroids average (lib/judges/exemplars.py)
         self.exemplars = PersonaExemplars(persona_exemplars, reward_reference_share)
-        self.persona_exemplars = persona_exemplars
-        self.reward_reference_share = reward_reference_share
         self._vecs: dict[str, np.ndarray] = {}
         self._clean: dict[str, str] = {}  # data text -> as the judge reads it
         self._personas: dict[str, _Persona] = {}
         self._known_cards: list[PersonaCard] | None = None
-        self.exemplar_notes = self.exemplars.notes  # set -> why it fell back to the card
 
     # ---- embeddings -------------------------------------------------------------------------
     def _model(self):
