@@ -271,8 +271,14 @@ def test_the_sub_lineage_on_ray_matches_the_in_process_run(stack, inprocess, ray
     done = {(j.metadata["dagster/run-id"], j.metadata["dagster/op"]) for j in jobs
             if j.status.value == "SUCCEEDED"}
     assert done == steps, [(j.metadata, j.status) for j in jobs]
-    failed = [j.metadata["dagster/op"] for j in jobs if j.status.value != "SUCCEEDED"]
-    assert failed == ["persona_adapters"], [(j.metadata, j.status) for j in jobs]
+    failed = [(j.metadata["dagster/run-id"], j.metadata["dagster/op"]) for j in jobs
+              if j.status.value != "SUCCEEDED"]
+    # the killed worker's job failed; on a loaded 24-GiB machine the kernel's OOM killer may take
+    # another training worker too (Ray gives workers oom_score_adj 1000; seen once beside the
+    # dagster-dev lineage): that job is retried the same way, and nothing else may fail
+    victim_run = ray_run["victim"].data.tags["mascot.dagster_run_id"]
+    assert (victim_run, "persona_adapters") in failed, [(j.metadata, j.status) for j in jobs]
+    assert {op for _, op in failed} == {"persona_adapters"}, failed
     assert {key for _, key in steps} >= {"persona_preference_pairs", "persona_reward_model",
                                          "persona_adapters"}, steps
 
