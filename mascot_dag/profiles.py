@@ -125,6 +125,17 @@ def settings_for(name: str):
     return LineageSettings()
 
 
+# The settings that are sizes (how much data, how many steps, tokens, turns, contexts and seeds;
+# how many persona sets), as opposed to method choices: `with_sizes` takes all of them.
+SIZE_SETTINGS = frozenset({
+    "max_train_contexts", "k_candidates", "max_new_tokens", "max_pairs_per_context",
+    "policy_sft_steps", "reward_steps", "reward_batch_size", "warm_start_steps", "grpo_steps",
+    "grpo_generations", "grpo_completion_tokens", "probe_contexts", "probe_seeds",
+    "probe_formats", "train_persona_sets", "rollout_dialogues", "agent_turns",
+    "block_size", "director_steps", "director_compare_contexts", "director_compare_seeds",
+    "eval_contexts", "gate_min_contexts"})
+
+
 def with_sizes(settings, sizes: str):
     """`settings` with the sizes of profile `sizes` (every setting that profile sets), training
     on CPU and the gates non-blocking: a profile's resources tried at another profile's scale,
@@ -132,10 +143,13 @@ def with_sizes(settings, sizes: str):
     (`mascot demo --profile paper --sizes tiny`). Tiny sizes cannot pass a powered gate, so its
     checks still run and report but do not stop the lineage."""
     small = settings_for(profile_name(sizes))
-    values = {key: getattr(small, key) for key in small.model_fields_set}
-    # how many persona sets Stage 1 aligns is a size: --sizes tiny trains one set (0070)
-    values["train_persona_sets"] = small.train_persona_sets
+    # every size, also one the smaller profile leaves at its default (the paper profile's 16
+    # comparison contexts per mode otherwise survived `--sizes tiny`), and what it sets
+    values = {key: getattr(small, key) for key in SIZE_SETTINGS | small.model_fields_set}
     values.update(use_cpu=True, reward_blocking=False, probe_blocking=False)
+    # the director's reward judges one block: a horizon past the smaller block is not the method
+    values["director_reward_horizon"] = min(settings.director_reward_horizon,
+                                            values["block_size"])
     return type(settings)(**{**settings.model_dump(), **values})
 
 

@@ -219,6 +219,24 @@ def test_demo_set_overrides_profile_settings_or_names_the_bad_assignment(tmp_pat
     assert not list((tmp_path / "h" / "dagster").glob("history/runs/*"))
 
 
+def test_sizes_take_every_size_and_keep_the_method():
+    """`--sizes tiny` on the paper profile: every size is tiny's, also those tiny leaves at their
+    default (the director comparison's contexts), the method stays the paper's, and the
+    director's reward horizon never reaches past the smaller judged block."""
+    from mascot_dag.profiles import SIZE_SETTINGS, settings_for, with_sizes
+
+    paper, tiny = settings_for("paper"), settings_for("tiny")
+    s = with_sizes(paper, "tiny")
+    assert {k for k in SIZE_SETTINGS if getattr(s, k) != getattr(tiny, k)} == set()
+    assert paper.director_compare_contexts != tiny.director_compare_contexts  # a real change
+    assert (s.prompt_style, s.lora_r, s.temperature) == (
+        paper.prompt_style, paper.lora_r, paper.temperature)
+    assert s.director_reward_horizon == tiny.block_size < paper.director_reward_horizon
+    assert s.use_cpu and not (s.reward_blocking or s.probe_blocking)
+    unknown = SIZE_SETTINGS - set(type(paper).model_fields)
+    assert not unknown, unknown
+
+
 @pytest.mark.parametrize("signum", ["SIGTERM", "SIGINT"])
 def test_a_signal_stops_the_asset_run_without_a_retry(tmp_path, signum):
     """`kill PID` or Ctrl-C during a step: the step fails at once (its retry policy would
