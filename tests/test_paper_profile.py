@@ -18,15 +18,17 @@ from conftest import free_port, q, stop_group, wait_healthy
 
 from mascot_dag.lib.llm.models import EMBEDDED_MODEL
 
-# Opt-in, not in `make test`: it passes, but takes ~35 min on 2 cores. 2026-12-07 on an AVX2-only
-# AMD EPYC, float32 engines (vllm_backend.cpu_dtype), all 4 tests passed; the runs took: Stage 1
-# upstream 17 s, candidates + judgments 375 s (the served judge at ~30 tok/s; in bfloat16 on
-# the same machine it made ~12-20 and the run passed 40 min), reward model 31 s, adapters and
-# their probes 370 s, Stage 2 797 s, eval dialogues 157 s, scores + report 280 s. Run it with
+# Opt-in, not in `make test`: it passes, but takes ~28 min on 2 cores. 2026-12-08 on an AVX2-only
+# AMD EPYC, float32 engines (vllm_backend.cpu_dtype), all 4 tests passed in 1,657 s; the runs
+# took: Stage 1 upstream 15 s, candidates + judgments 363 s (the served judge at ~15-35 tok/s),
+# reward model 21 s, adapters and their probes 536 s (~150 s of it the judge reader's accuracy on
+# the 160 support references, asked once), Stage 2 183 s (797 s before `--sizes` took every size:
+# the paper's 16 comparison contexts per mode had survived), eval dialogues 170 s, scores +
+# report 296 s. Run it with
 #   MASCOT_PAPER_TEST=1 HF_HUB_OFFLINE=1 .venv/bin/python -m pytest tests/test_paper_profile.py
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600), pytest.mark.skipif(
     os.environ.get("MASCOT_PAPER_TEST") != "1",
-    reason="paper-profile run with a served LLM judge, ~35 min on 2 cores: MASCOT_PAPER_TEST=1")]
+    reason="paper-profile run with a served LLM judge, ~28 min on 2 cores: MASCOT_PAPER_TEST=1")]
 JUDGE = "judge-smollm2"
 
 
