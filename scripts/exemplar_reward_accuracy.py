@@ -10,7 +10,11 @@ other personas B whose consistency is below the true persona's (a tie counts hal
 true persona has the highest consistency. The difference is paired by utterance, with a 95%
 bootstrap CI (10,000 resamples of utterances).
 
+`--kind exemplars` compares the card with the utterances written for the reward
+(personas/exemplars/<set>.yaml): then every reference utterance is held out (share 0).
+
     .venv/bin/python scripts/exemplar_reward_accuracy.py [--share 0.5] [--sets support workplace]
+    .venv/bin/python scripts/exemplar_reward_accuracy.py --kind exemplars --sets support
 """
 
 from __future__ import annotations
@@ -56,10 +60,13 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--share", type=float, default=0.5)
     ap.add_argument("--sets", nargs="+", default=["support", "workplace"])
+    ap.add_argument("--kind", choices=["references", "exemplars"], default="references")
     args = ap.parse_args()
+    if args.kind == "exemplars":
+        args.share = 0.0  # the written exemplars are the reward's: every reference is held out
     card_judge = EmbeddedJudge()
-    ref_judge = EmbeddedJudge(persona_exemplars="references", reward_reference_share=args.share)
-    print("| set | share | n (held-out utterances) | metric | card | references | "
+    ref_judge = EmbeddedJudge(persona_exemplars=args.kind, reward_reference_share=args.share)
+    print(f"| set | share | n (held-out utterances) | metric | card | {args.kind} | "
           "difference [95% CI] |")
     print("|---|---|---|---|---|---|---|")
     for pset in args.sets:
@@ -67,20 +74,22 @@ def main() -> None:
         roster = personas_of_set(load_personas(), pset)
         ids = [c.persona_id for c in roster]
         reward, held = split_references(load_reference_utterances(pset), args.share)
+        if args.kind == "exemplars":
+            reward = {c.persona_id: ref_judge.reward_share(c) for c in roster}
         utts = [u for pid in ids for u in held[pid]]
         truth = np.asarray([ids.index(pid) for pid in ids for _ in held[pid]])
         assert not set(utts) & {t for ts in reward.values() for t in ts}
         res = {}
-        for name, judge in (("card", card_judge), ("references", ref_judge)):
+        for name, judge in (("card", card_judge), (args.kind, ref_judge)):
             res[name] = accuracies(consistency_table(judge, roster, utts), truth)
         for m, label in ((0, "pairwise accuracy"), (1, "top-1 accuracy")):
-            a, b = res["card"][m], res["references"][m]
+            a, b = res["card"][m], res[args.kind][m]
             lo, hi = bootstrap(b - a)
             print(f"| {pset} | {args.share} | {len(utts)} | {label} | {a.mean():.3f} | "
                   f"{b.mean():.3f} | {b.mean() - a.mean():+.3f} [{lo:+.3f}, {hi:+.3f}] |")
-        per = {pid: (res["card"][0][truth == i].mean(), res["references"][0][truth == i].mean())
+        per = {pid: (res["card"][0][truth == i].mean(), res[args.kind][0][truth == i].mean())
                for i, pid in enumerate(ids)}
-        print(f"<!-- {pset} per persona pairwise card->references: "
+        print(f"<!-- {pset} per persona pairwise card->{args.kind}: "
               + ", ".join(f"{p} {c:.2f}->{r:.2f}" for p, (c, r) in per.items())
               + f"; {time.perf_counter() - t0:.0f}s -->")
 

@@ -69,6 +69,9 @@ def test_settings_need_a_reward_share_for_reference_exemplars():
     emb = judge_panel("study", s).embedded
     assert (emb.persona_exemplars, emb.reward_reference_share) == ("references", SHARE)
     assert judge_panel("study").embedded.persona_exemplars == "card"  # without settings: as before
+    # written exemplars are the reward's own texts: the readers keep every reference (share 0)
+    s = override_settings(study, ["persona_exemplars=exemplars"])
+    assert judge_panel("study", s).embedded.persona_exemplars == "exemplars"
 
 
 @pytest.fixture(scope="module")
@@ -153,3 +156,57 @@ def test_readers_fit_on_the_reader_share_only():
     with pytest.raises(ValueError, match="overlap"):
         judges.probe_panel("support", [], 0, 0.0)
     assert judges.probe_panel("support", [], 0, SHARE) == list(panel)
+
+
+def test_an_exemplar_that_is_a_reference_is_refused(tmp_path, monkeypatch):
+    """Written exemplars never share a text with the probe's references: one that does is an
+    error naming both files and the persona, before any score."""
+    import shutil
+
+    from mascot_dag.lib.data import personas as packaged
+
+    folder = tmp_path / "personas"
+    (folder / "probe").mkdir(parents=True)
+    (folder / "exemplars").mkdir()
+    root = readers.PROBE_DIR.parent
+    shutil.copy(root / "support.yaml", folder / "support.yaml")
+    shutil.copy(readers.PROBE_DIR / "support.yaml", folder / "probe" / "support.yaml")
+    refs = readers.load_reference_utterances("support")
+    leaked = refs["catalyst"][3]
+    (folder / "exemplars" / "support.yaml").write_text(
+        "set: support\nutterances:\n  anchor:\n    - \"I am right here with you.\"\n"
+        f"  catalyst:\n    - \"{leaked}\"\n", encoding="utf-8")
+    monkeypatch.setenv("MASCOT_PERSONAS_DIR", str(folder))
+    cards = personas_of_set(packaged.load_personas(str(folder)), "support")
+    judge = EmbeddedJudge(persona_exemplars="exemplars")
+    with pytest.raises(ValueError, match=r"exemplars/support\.yaml: utterances\.catalyst .*"
+                                         r"probe/support\.yaml.*never share"):
+        judge.reward_share(cards[0])
+
+
+def test_written_exemplars_name_held_out_references(support):
+    """The utterances written for the reward (personas/exemplars/support.yaml) share no text
+    with the probe's references, and with them the judge's consistency names the persona of
+    references it never saw more often than with the card alone (pairwise accuracy over the
+    other personas; on all 160 support references, scripts/exemplar_reward_accuracy.py --kind
+    exemplars measured 0.860 -> 0.935, +0.075 [+0.050, +0.102])."""
+    judge = EmbeddedJudge(persona_exemplars="exemplars")
+    refs = readers.load_reference_utterances("support")
+    written = {c.persona_id: judge.reward_share(c) for c in support}
+    assert all(len(ts) >= 30 for ts in written.values()), {p: len(t) for p, t in written.items()}
+    assert not _texts(written) & _texts(refs)
+    # the two personas the card judge confused most, 12 held-out references each
+    held = [(t, c) for c in support if c.persona_id in ("catalyst", "beacon")
+            for t in refs[c.persona_id][:12]]
+    accuracy = {}
+    for name, j in (("card", EmbeddedJudge()), ("exemplars", judge)):
+        table = _consistency(j, support, [(t, c) for t, _ in held for c in support])
+        table = table.reshape(len(held), len(support))
+        own = np.asarray([[c.persona_id for c in support].index(p.persona_id) for _, p in held])
+        mine = table[np.arange(len(held)), own][:, None]
+        others = np.ones_like(table, dtype=bool)
+        others[np.arange(len(held)), own] = False
+        wins = ((mine > table) + 0.5 * (mine == table)) * others
+        accuracy[name] = float((wins.sum(axis=1) / others.sum(axis=1)).mean())
+    print(f"\npairwise accuracy on {len(held)} held-out references: {accuracy}")
+    assert accuracy["exemplars"] > accuracy["card"] + 0.05, accuracy

@@ -61,3 +61,17 @@ def test_gpu_extra_resolves_from_the_index():
     for name in ("torch", "transformers", "trl", "peft", "accelerate"):
         # a local build tag (+cpu, +cu128) is the index's choice, the version is ours
         assert installs[name].split("+")[0] == pins[name], (name, installs[name], pins[name])
+
+
+def test_every_data_file_ships_in_the_wheel():
+    """Every non-Python file of the package is matched by a package-data pattern (setuptools
+    globs them recursively), so a `pip install .` without -e has it too: the probe's reference
+    utterances (personas/probe/) and the reward's exemplars (personas/exemplars/) once were
+    left out by `personas/*.yaml`."""
+    pkg = REPO / "mascot_dag"
+    patterns = PYPROJECT["tool"]["setuptools"]["package-data"]["mascot_dag"]
+    shipped = {p for pattern in patterns for p in pkg.glob(pattern) if p.is_file()}
+    data = {p for p in pkg.rglob("*") if p.is_file() and p.suffix not in (".py", ".pyc")
+            and "__pycache__" not in p.parts}
+    assert data - shipped == set(), sorted(str(p.relative_to(pkg)) for p in data - shipped)
+    assert any(p.parent.name == "probe" for p in shipped)

@@ -23,7 +23,8 @@ class EmbeddedJudgeResource(dg.ConfigurableResource):
         default="cpu", description="Where MiniLM runs; CPU keeps scores deterministic."
     )
     persona_exemplars: str = Field(
-        default="card", description="What persona centroids average: 'card' or 'references' "
+        default="card", description="What persona centroids average: 'card', 'references' or "
+        "'exemplars' "
         "(LineageSettings.persona_exemplars; profiles.judge_panel copies it from the settings).")
     reward_reference_share: float = Field(
         default=0.0, description="The reference utterances' reward share "

@@ -175,9 +175,11 @@ class LineageSettings(dg.ConfigurableResource):
     persona_exemplars: str = Field(
         default="card",
         description="What the embedded judge's persona centroids average: 'card' (description, "
-        "behaviours, examples) or 'references' (the card's examples + the persona's reward "
-        "share of the reference utterances; needs reward_reference_share > 0; a set without a "
-        "reference file falls back to the card with a warning). The LLM judge is unaffected.",
+        "behaviours, examples), 'references' (the card's examples + the persona's reward "
+        "share of the reference utterances; needs reward_reference_share > 0) or 'exemplars' "
+        "(the card's examples + utterances written for the reward, personas/exemplars/<set>.yaml, "
+        "never one of the readers' references). A set without the file falls back to the card "
+        "with a warning. The LLM judge is unaffected.",
     )
     use_cpu: bool = Field(default=True, description="Train on CPU (no bf16).")
     rollout_dialogues: int = Field(default=1, description="Stage 2 dialogues per mode.")

@@ -3,8 +3,12 @@
 "card": the card's description, behaviours and examples. "references": the card's examples and
 the persona's REWARD share of its set's reference utterances (`readers.split_references` with
 `reward_reference_share`), so the reward learns how each persona talks and never a text that
-the probe's readers learn from. A set (or persona) without references falls back to the card,
-with a warning and a note, never silently.
+the probe's readers learn from. "exemplars": the card's examples and utterances written for the
+reward alone (`personas/exemplars/<set>.yaml`, the probe file's format), so the readers keep
+every reference: splitting 40 references per persona cost the readers their validity (issue
+34). An exemplar that is also one of the set's reference utterances is an error naming both
+files. A set (or persona) without references or exemplars falls back to the card, with a warning
+and a note, never silently.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ import warnings
 
 from mascot_dag.lib.data.personas import PersonaCard
 
-EXEMPLARS = ("card", "references")
+EXEMPLARS = ("card", "references", "exemplars")
 
 
 class PersonaExemplars:
@@ -36,20 +40,49 @@ class PersonaExemplars:
             return []
         pset = card.persona_set
         if pset not in self._references:
-            from mascot_dag.lib.stage1.readers import NoReferenceUtterances, reward_references
+            from mascot_dag.lib.stage1.readers import NoReferenceUtterances
 
             try:
-                self._references[pset] = reward_references(pset, self.share)
+                self._references[pset] = self._load(pset)
             except NoReferenceUtterances as e:
                 self._references[pset] = {}
-                self._fall_back(pset, f"persona_exemplars='references': {e}; the embedded "
+                self._fall_back(pset, f"persona_exemplars={self.kind!r}: {e}; the embedded "
                                       f"judge's {pset} centroids fall back to the card")
         refs = self._references[pset].get(card.persona_id, [])
         if not refs and self._references[pset]:
             self._fall_back(f"{pset}/{card.persona_id}",
-                            f"persona_exemplars='references': no reference utterances for "
+                            f"persona_exemplars={self.kind!r}: no utterances for "
                             f"{card.persona_id} of {pset}; its centroid falls back to the card")
         return refs
+
+    def _load(self, pset: str) -> dict[str, list[str]]:
+        """The set's texts for the reward: the reward share of its references, or its written
+        exemplars, none of which may be a text the probe's readers learn from."""
+        from mascot_dag.lib.stage1.readers import (
+            NoReferenceUtterances,
+            load_reference_utterances,
+            reader_references,
+            reference_dir,
+            reward_references,
+        )
+
+        if self.kind == "references":
+            return reward_references(pset, self.share)
+        folder = reference_dir(pset, "exemplars")
+        written = load_reference_utterances(pset, folder)
+        try:
+            readers = {t for ts in reader_references(pset, self.share).values() for t in ts}
+        except NoReferenceUtterances:
+            readers = set()
+        for pid, texts in written.items():
+            for t in texts:
+                if t in readers:
+                    raise ValueError(
+                        f"{folder / (pset + '.yaml')}: utterances.{pid} has {t[:60]!r}..., one "
+                        f"of the reference utterances the probe's readers learn from "
+                        f"({reference_dir(pset) / (pset + '.yaml')}): the reward and the readers "
+                        "must never share a text")
+        return written
 
     def _fall_back(self, key: str, note: str) -> None:
         if key not in self.notes:  # once per set (or persona)
@@ -61,5 +94,5 @@ class PersonaExemplars:
         if self.kind == "card":
             return ""
         refs = self.reward_share(card)
-        return (f" exemplars=references({len(refs)})" if refs
+        return (f" exemplars={self.kind}({len(refs)})" if refs
                 else " exemplars=card (no reference utterances: fallback)")

@@ -48,10 +48,12 @@ class NoReferenceUtterances(FileNotFoundError):
     """A persona set without reference utterances: its probe has no fitted reader (`n/a`)."""
 
 
-def reference_dir(persona_set: str) -> Path:
-    """Where a set's reference utterances live: `probe/<set>.yaml` beside the set file, in the
+def reference_dir(persona_set: str, folder: str = "probe") -> Path:
+    """Where a set's utterance file lives: `<folder>/<set>.yaml` beside the set file, in the
     user's persona folder (MASCOT_PERSONAS_DIR) for the user's sets, else the packaged
-    personas/probe/. Never another set's file: a user's set without one has no fitted reader."""
+    personas/<folder>/. `folder` is "probe" (the readers' reference utterances) or "exemplars"
+    (the reward's written exemplars, lib/judges/exemplars.py). Never another set's file: a
+    user's set without one has no fitted reader."""
     import os
 
     user = os.environ.get("MASCOT_PERSONAS_DIR")
@@ -60,10 +62,10 @@ def reference_dir(persona_set: str) -> Path:
 
         try:
             if persona_set in {c.persona_set for c in load_personas(user)}:
-                return Path(user) / "probe"
+                return Path(user) / folder
         except PersonaFileError:
             pass
-    return PROBE_DIR
+    return PROBE_DIR.parent / folder
 
 
 def load_reference_utterances(
