@@ -25,29 +25,9 @@ import time
 import numpy as np
 
 from mascot_dag.lib.data.personas import load_personas, personas_of_set
-from mascot_dag.lib.judges import EmbeddedJudge, ResponseItem
+from mascot_dag.lib.judges import EmbeddedJudge
+from mascot_dag.lib.judges.exemplars import consistency_table, persona_accuracies
 from mascot_dag.lib.stage1.readers import load_reference_utterances, split_references
-
-
-def consistency_table(judge: EmbeddedJudge, roster, utterances) -> np.ndarray:
-    """(n_utterances, n_personas) consistency (1-5) of each utterance judged as each persona."""
-    items = [ResponseItem(context_text=u, persona=c, roster=roster, response=u, history=[])
-             for u in utterances for c in roster]
-    scores = judge.score_responses(items)
-    cons = [next(s.score for s in row if s.criterion == "consistency") for row in scores]
-    return np.asarray(cons, dtype=float).reshape(len(utterances), len(roster))
-
-
-def accuracies(table: np.ndarray, truth: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Per utterance: pairwise accuracy (ties half) and top-1 hit (ties to the lower index)."""
-    rows = np.arange(len(truth))
-    own = table[rows, truth][:, None]
-    others = np.ones_like(table, dtype=bool)
-    others[rows, truth] = False
-    wins = ((own > table) + 0.5 * (own == table)) * others
-    pairwise = wins.sum(axis=1) / others.sum(axis=1)
-    top1 = table.argmax(axis=1) == truth
-    return pairwise, top1.astype(float)
 
 
 def bootstrap(diff: np.ndarray, n: int = 10_000, seed: int = 0) -> tuple[float, float]:
@@ -81,7 +61,7 @@ def main() -> None:
         assert not set(utts) & {t for ts in reward.values() for t in ts}
         res = {}
         for name, judge in (("card", card_judge), (args.kind, ref_judge)):
-            res[name] = accuracies(consistency_table(judge, roster, utts), truth)
+            res[name] = persona_accuracies(consistency_table(judge, roster, utts), truth)
         for m, label in ((0, "pairwise accuracy"), (1, "top-1 accuracy")):
             a, b = res["card"][m], res[args.kind][m]
             lo, hi = bootstrap(b - a)

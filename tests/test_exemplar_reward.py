@@ -12,6 +12,7 @@ import pytest
 
 from mascot_dag.lib.data.personas import load_personas, personas_of_set
 from mascot_dag.lib.judges import EmbeddedJudge, ResponseItem
+from mascot_dag.lib.judges.exemplars import consistency_table, persona_accuracies
 from mascot_dag.lib.stage1 import readers
 
 SHARE = 0.5
@@ -29,7 +30,6 @@ def test_split_is_disjoint_complete_and_deterministic(persona_set, share):
     assert not _texts(reward) & _texts(kept)  # never a text on both sides, under any persona
     assert _texts(reward) | _texts(kept) == _texts(refs)
     for pid, texts in refs.items():
-        assert 1 <= len(reward[pid]) < len(texts)
         # the readers keep exactly the persona's texts that no reward share holds
         assert kept[pid] == [t for t in texts if t not in _texts(reward)]
         assert len(reward[pid]) == round(share * len(set(texts)))
@@ -196,17 +196,11 @@ def test_written_exemplars_name_held_out_references(support):
     assert all(len(ts) >= 30 for ts in written.values()), {p: len(t) for p, t in written.items()}
     assert not _texts(written) & _texts(refs)
     # the two personas the card judge confused most, 12 held-out references each
-    held = [(t, c) for c in support if c.persona_id in ("catalyst", "beacon")
-            for t in refs[c.persona_id][:12]]
-    accuracy = {}
-    for name, j in (("card", EmbeddedJudge()), ("exemplars", judge)):
-        table = _consistency(j, support, [(t, c) for t, _ in held for c in support])
-        table = table.reshape(len(held), len(support))
-        own = np.asarray([[c.persona_id for c in support].index(p.persona_id) for _, p in held])
-        mine = table[np.arange(len(held)), own][:, None]
-        others = np.ones_like(table, dtype=bool)
-        others[np.arange(len(held)), own] = False
-        wins = ((mine > table) + 0.5 * (mine == table)) * others
-        accuracy[name] = float((wins.sum(axis=1) / others.sum(axis=1)).mean())
+    ids = [c.persona_id for c in support]
+    held = [(t, pid) for pid in ("catalyst", "beacon") for t in refs[pid][:12]]
+    truth = np.asarray([ids.index(pid) for _, pid in held])
+    accuracy = {name: float(persona_accuracies(
+                    consistency_table(j, support, [t for t, _ in held]), truth)[0].mean())
+                for name, j in (("card", EmbeddedJudge()), ("exemplars", judge))}
     print(f"\npairwise accuracy on {len(held)} held-out references: {accuracy}")
     assert accuracy["exemplars"] > accuracy["card"] + 0.05, accuracy

@@ -24,8 +24,8 @@ class EmbeddedJudgeResource(dg.ConfigurableResource):
     )
     persona_exemplars: str = Field(
         default="card", description="What persona centroids average: 'card', 'references' or "
-        "'exemplars' "
-        "(LineageSettings.persona_exemplars; profiles.judge_panel copies it from the settings).")
+        "'exemplars' (LineageSettings.persona_exemplars; profiles.judge_panel copies it from the "
+        "settings).")
     reward_reference_share: float = Field(
         default=0.0, description="The reference utterances' reward share "
         "(LineageSettings.reward_reference_share, copied the same way).")

@@ -14,6 +14,9 @@ and a note, never silently.
 from __future__ import annotations
 
 import warnings
+from collections.abc import Sequence
+
+import numpy as np
 
 from mascot_dag.lib.data.personas import PersonaCard
 
@@ -74,14 +77,14 @@ class PersonaExemplars:
             readers = {t for ts in reader_references(pset, self.share).values() for t in ts}
         except NoReferenceUtterances:
             readers = set()
-        for pid, texts in written.items():
-            for t in texts:
-                if t in readers:
-                    raise ValueError(
-                        f"{folder / (pset + '.yaml')}: utterances.{pid} has {t[:60]!r}..., one "
-                        f"of the reference utterances the probe's readers learn from "
-                        f"({reference_dir(pset) / (pset + '.yaml')}): the reward and the readers "
-                        "must never share a text")
+        shared = [(pid, t) for pid, texts in written.items() for t in texts if t in readers]
+        if shared:
+            pid, t = shared[0]
+            raise ValueError(
+                f"{folder / f'{pset}.yaml'}: utterances.{pid} has {t[:60]!r}..., one of the "
+                f"reference utterances the probe's readers learn from "
+                f"({reference_dir(pset) / f'{pset}.yaml'}): the reward and the readers must "
+                "never share a text")
         return written
 
     def _fall_back(self, key: str, note: str) -> None:
@@ -95,4 +98,30 @@ class PersonaExemplars:
             return ""
         refs = self.reward_share(card)
         return (f" exemplars={self.kind}({len(refs)})" if refs
-                else " exemplars=card (no reference utterances: fallback)")
+                else " exemplars=card (no " + ("reference utterances" if self.kind == "references"
+                                               else "written exemplars") + ": fallback)")
+
+
+def consistency_table(judge, roster: Sequence[PersonaCard], texts: Sequence[str]) -> np.ndarray:
+    """(len(texts), len(roster)) consistency (1-5) of each text judged as each persona, with the
+    text as its own context (on topic: relevance gate 1, so the score is the persona margin less
+    the card-copy penalty): how well a judge's centroids tell the personas apart."""
+    from mascot_dag.lib.judges.base import ResponseItem
+
+    items = [ResponseItem(context_text=t, persona=c, roster=list(roster), response=t, history=[])
+             for t in texts for c in roster]
+    cons = [next(s.score for s in row if s.criterion == "consistency")
+            for row in judge.score_responses(items)]
+    return np.asarray(cons, dtype=float).reshape(len(texts), len(roster))
+
+
+def persona_accuracies(table: np.ndarray, truth: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per text of a `consistency_table`, given its true persona's column: the pairwise accuracy
+    (share of the other personas scored below the true one, a tie half) and the top-1 hit (ties
+    to the lower column)."""
+    rows = np.arange(len(truth))
+    own = table[rows, truth][:, None]
+    others = np.ones_like(table, dtype=bool)
+    others[rows, truth] = False
+    wins = ((own > table) + 0.5 * (own == table)) * others
+    return wins.sum(axis=1) / others.sum(axis=1), (table.argmax(axis=1) == truth).astype(float)
